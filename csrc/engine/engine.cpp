@@ -1,0 +1,265 @@
+// The engine, in four steps (micrograd's loop with the stock engine's
+// bookkeeping):
+//   1. discover the graph reachable from the roots;
+//   2. prune: a node matters only if it lies on a path to a target; it runs
+//      only if one of its next edges leads to a target (as the stock engine's
+//      exec_info does);
+//   3. count, per node, the incoming edges from nodes that run (dependencies);
+//   4. process nodes whose dependencies are all delivered: capture targets,
+//      call the rule, ⊕ each result into the next node's input buffer after
+//      ⊕-reducing broadcast dims to that input's shape (the stock
+//      InputMetadata::reduce_grad step), free the buffer, release saved
+//      tensors unless the graph is kept.
+#include "engine.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/grad_mode.h>
+
+#include <deque>
+#include <sstream>
+#include <unordered_map>
+
+#include "../rules/rule.h"
+
+namespace torch_semiring {
+
+using torch::autograd::AccumulateGrad;
+using torch::autograd::InputMetadata;
+using torch::autograd::Node;
+
+namespace {
+
+std::function<void(const std::string&)>& log_sink() {
+  static std::function<void(const std::string&)> sink;
+  return sink;
+}
+
+std::vector<int64_t> shape_of(const InputMetadata& meta) {
+  std::vector<int64_t> shape;
+  for (const auto& s : meta.shape_as_dim_vector()) shape.push_back(s.expect_int());
+  return shape;
+}
+
+// The semiring version of validate_outputs: ⊕-reduce broadcast dims down to
+// the shape of the tensor the edge points at, and match its dtype.
+at::Tensor conform(const Semiring& sr, at::Tensor value, const InputMetadata& meta,
+                   const Node& producer, size_t edge) {
+  const auto target = shape_of(meta);
+  auto element = value.sizes().slice(1).vec();
+  if (element != target) {
+    TORCH_CHECK(at::is_expandable_to(target, element), "torch_semiring: the rule of ", producer.name(),
+                " returned a value of element shape ", at::IntArrayRef(element), " for input ", edge,
+                ", which cannot be reduced to the input's shape ", at::IntArrayRef(target));
+    const int64_t lead = (int64_t)element.size() - (int64_t)target.size();
+    std::vector<int64_t> dims;
+    for (int64_t d = 0; d < (int64_t)element.size(); ++d)
+      if (d < lead || (target[d - lead] == 1 && element[d] != 1)) dims.push_back(d);
+    value = sr.oplus_reduce(value, dims, /*keepdim=*/true);
+    std::vector<int64_t> shape{value.size(0)};
+    shape.insert(shape.end(), target.begin(), target.end());
+    value = value.reshape(shape);
+  }
+  const auto dtype = c10::typeMetaToScalarType(meta.dtype());
+  if (value.scalar_type() != dtype) value = value.to(dtype);
+  return value;
+}
+
+struct GraphInfo {
+  std::vector<Node*> nodes;                // discovery order
+  std::unordered_map<Node*, size_t> index;
+  std::vector<bool> leads;                 // on a path to a target
+  std::vector<bool> runs;                  // has a next edge that leads
+  std::vector<int> dependencies;
+};
+
+GraphInfo discover(const std::vector<Edge>& roots, const std::vector<Edge>& targets, bool collect_leaves) {
+  GraphInfo g;
+  std::vector<Node*> stack;
+  auto visit = [&](Node* n) {
+    if (n && g.index.emplace(n, g.nodes.size()).second) {
+      g.nodes.push_back(n);
+      stack.push_back(n);
+    }
+  };
+  for (const auto& r : roots) visit(r.function.get());
+  while (!stack.empty()) {
+    Node* n = stack.back();
+    stack.pop_back();
+    for (const auto& e : n->next_edges()) visit(e.function.get());
+  }
+  const size_t N = g.nodes.size();
+  std::vector<bool> is_target(N, false);
+  for (const auto& t : targets) {
+    auto it = g.index.find(t.function.get());
+    if (it != g.index.end()) is_target[it->second] = true;
+  }
+  if (collect_leaves)
+    for (size_t i = 0; i < N; ++i)
+      if (dynamic_cast<AccumulateGrad*>(g.nodes[i])) is_target[i] = true;
+
+  // leads[n] = target(n) or any child leads: iterative post-order.
+  g.leads.assign(N, false);
+  std::vector<char> state(N, 0);  // 0 new, 1 open, 2 done
+  for (size_t root = 0; root < N; ++root) {
+    if (state[root]) continue;
+    std::vector<size_t> work{root};
+    while (!work.empty()) {
+      size_t i = work.back();
+      if (state[i] == 0) {
+        state[i] = 1;
+        for (const auto& e : g.nodes[i]->next_edges())
+          if (e.is_valid()) {
+            size_t c = g.index.at(e.function.get());
+            if (state[c] == 0) work.push_back(c);
+          }
+      } else {
+        work.pop_back();
+        if (state[i] == 2) continue;
+        state[i] = 2;
+        bool leads = is_target[i];
+        for (const auto& e : g.nodes[i]->next_edges())
+          if (e.is_valid() && g.leads[g.index.at(e.function.get())]) leads = true;
+        g.leads[i] = leads;
+      }
+    }
+  }
+  g.runs.assign(N, false);
+  g.dependencies.assign(N, 0);
+  for (size_t i = 0; i < N; ++i)
+    for (const auto& e : g.nodes[i]->next_edges())
+      if (e.is_valid() && g.leads[g.index.at(e.function.get())]) g.runs[i] = true;
+  for (size_t i = 0; i < N; ++i)
+    if (g.runs[i])
+      for (const auto& e : g.nodes[i]->next_edges())
+        if (e.is_valid()) {
+          size_t c = g.index.at(e.function.get());
+          if (g.leads[c]) g.dependencies[c]++;
+        }
+  return g;
+}
+
+std::string describe(const Node& n, const std::vector<at::Tensor>& grads, const RuleEntry* entry) {
+  std::ostringstream s;
+  s << "[torch_semiring] " << n.name() << " (rule: " << (entry ? entry->family : "-") << ") values:";
+  for (const auto& g : grads) {
+    if (g.defined()) s << " " << g.sizes();
+    else s << " zero";
+  }
+  return s.str();
+}
+
+}  // namespace
+
+void set_log_sink(std::function<void(const std::string&)> sink) { log_sink() = std::move(sink); }
+
+BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
+                            const std::vector<at::Tensor>& seeds, const std::vector<Edge>& targets,
+                            const BackwardOptions& opt) {
+  TORCH_CHECK(roots.size() == seeds.size(), "torch_semiring: ", roots.size(), " roots but ", seeds.size(), " seeds");
+  GraphInfo g = discover(roots, targets, opt.collect_leaves);
+  const size_t N = g.nodes.size();
+  std::vector<std::vector<at::Tensor>> buffers(N);
+  auto buffer = [&](size_t i) -> std::vector<at::Tensor>& {
+    if (buffers[i].empty()) buffers[i].resize(g.nodes[i]->num_inputs());
+    return buffers[i];
+  };
+  std::deque<size_t> ready;
+  auto deliver = [&](size_t i, uint32_t slot, at::Tensor v) {
+    if (v.defined()) {
+      auto& b = buffer(i);
+      TORCH_CHECK(slot < b.size(), "torch_semiring: ", g.nodes[i]->name(), " has no input ", slot);
+      b[slot] = sr.oplus(b[slot], v);  // the InputBuffer::add of the stock engine
+    }
+  };
+
+  at::AutoGradMode grad_mode(opt.create_graph);
+
+  // Seeds arrive from a virtual root, like the stock GraphRoot.
+  for (size_t r = 0; r < roots.size(); ++r) {
+    const auto& e = roots[r];
+    if (!e.is_valid()) continue;
+    size_t i = g.index.at(e.function.get());
+    if (!g.leads[i]) continue;
+    deliver(i, e.input_nr, seeds[r]);
+  }
+  std::vector<bool> queued(N, false);
+  for (size_t i = 0; i < N; ++i)
+    if (g.leads[i] && g.dependencies[i] == 0) {
+      ready.push_back(i);
+      queued[i] = true;
+    }
+
+  BackwardResult result;
+  result.captured.resize(targets.size());
+  result.in_graph.assign(targets.size(), false);
+  std::unordered_multimap<Node*, size_t> target_of;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    if (!targets[t].is_valid()) continue;
+    auto it = g.index.find(targets[t].function.get());
+    if (it != g.index.end() && g.leads[it->second]) {
+      result.in_graph[t] = true;
+      target_of.emplace(targets[t].function.get(), t);
+    }
+  }
+
+  while (!ready.empty()) {
+    const size_t i = ready.front();
+    ready.pop_front();
+    Node& node = *g.nodes[i];
+    std::vector<at::Tensor> grads = std::move(buffer(i));
+    buffers[i].clear();
+    buffers[i].shrink_to_fit();
+
+    auto range = target_of.equal_range(&node);
+    for (auto it = range.first; it != range.second; ++it)
+      result.captured[it->second] = grads.at(targets[it->second].input_nr);
+    if (opt.collect_leaves) {
+      if (auto* acc = dynamic_cast<AccumulateGrad*>(&node)) {
+        if (grads.at(0).defined()) {
+          result.leaf_variables.push_back(acc->variable);
+          result.leaf_values.push_back(grads[0]);
+        }
+      }
+    }
+    if (!g.runs[i]) continue;
+
+    const auto& edges = node.next_edges();
+    std::vector<at::Tensor> outputs;
+    const bool any_value = std::any_of(grads.begin(), grads.end(), [](const at::Tensor& t) { return t.defined(); });
+    const RuleEntry* entry = nullptr;
+    if (any_value) {
+      entry = find_rule(node.name());
+      if (!entry) {
+        TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_semiring: no semiring rule for autograd node '", node.name(),
+                                    "' (forward op '", node.forward_op_name(), "'). Register one with "
+                                    "torch_semiring.register_rule('", node.name(), "', rule) — see the "
+                                    "README section 'Writing a rule'.");
+      }
+      if (log_sink()) log_sink()(describe(node, grads, entry));
+      RuleContext ctx{node, sr, opt.create_graph, std::vector<bool>(edges.size(), false)};
+      for (size_t j = 0; j < edges.size(); ++j)
+        ctx.needed[j] = edges[j].is_valid() && g.leads[g.index.at(edges[j].function.get())];
+      outputs = entry->rule(ctx, grads);
+      TORCH_CHECK(outputs.size() == edges.size() || outputs.size() < edges.size(),
+                  "torch_semiring: the rule of ", node.name(), " returned ", outputs.size(),
+                  " values for ", edges.size(), " inputs");
+    }
+    for (size_t j = 0; j < edges.size(); ++j) {
+      const auto& e = edges[j];
+      if (!e.is_valid()) continue;
+      size_t c = g.index.at(e.function.get());
+      if (!g.leads[c]) continue;
+      if (j < outputs.size() && outputs[j].defined())
+        deliver(c, e.input_nr, conform(sr, outputs[j], e.function->input_metadata(e.input_nr), node, j));
+      if (--g.dependencies[c] == 0 && !queued[c]) {
+        ready.push_back(c);
+        queued[c] = true;
+      }
+    }
+    if (!opt.keep_graph) node.release_variables();
+  }
+  return result;
+}
+
+}  // namespace torch_semiring

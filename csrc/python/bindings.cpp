@@ -1,0 +1,176 @@
+// The Python face of the C++ library: semirings (built-in and Python-defined),
+// the engine entry point, and rule registration. Thin on purpose; the API
+// lives in python/torch_semiring.
+#include <torch/csrc/autograd/python_cpp_function.h>
+#include <torch/csrc/autograd/python_function.h>
+#include <torch/extension.h>
+
+#include "../engine/engine.h"
+#include "../rules/rule.h"
+#include "../semiring/semiring.h"
+
+namespace py = pybind11;
+using namespace torch_semiring;
+using torch::autograd::Edge;
+using torch::autograd::Node;
+
+namespace {
+
+// A semiring written in Python: a small object with the interface's methods,
+// written with torch ops. Slower (a Python call per operation), for experiments.
+class PySemiring final : public Semiring {
+ public:
+  explicit PySemiring(py::object obj) : obj_(std::move(obj)) {
+    for (const char* m : {"zero", "one", "lift", "otimes", "oplus", "oplus_reduce", "readout"})
+      TORCH_CHECK_TYPE(py::hasattr(obj_, m), "torch_semiring: a Python semiring needs a method '", m,
+                       "' (see README 'Defining a semiring in Python')");
+    name_ = py::str(py::getattr(obj_, "name", py::str(py::type::of(obj_).attr("__name__"))));
+    components_ = py::getattr(obj_, "components", py::int_(1)).cast<int64_t>();
+    zero_is_zero_ = py::getattr(obj_, "zero_is_numeric_zero", py::bool_(false)).cast<bool>();
+  }
+  std::string name() const override { return name_; }
+  int64_t components() const override { return components_; }
+  bool zero_is_numeric_zero() const override { return zero_is_zero_; }
+  Tensor readout(const Tensor& v) const override { return call("readout", v); }
+  const py::object& object() const { return obj_; }
+
+ protected:
+  Tensor do_zero(at::IntArrayRef s, const at::TensorOptions& o) const override {
+    return call("zero", py::tuple(py::cast(s.vec())), at::empty({0}, o));
+  }
+  Tensor do_one(at::IntArrayRef s, const at::TensorOptions& o) const override {
+    return call("one", py::tuple(py::cast(s.vec())), at::empty({0}, o));
+  }
+  Tensor do_lift(const Tensor& w) const override { return call("lift", w); }
+  Tensor do_otimes(const Tensor& a, const Tensor& b) const override { return call("otimes", a, b); }
+  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
+    if (py::hasattr(obj_, "otimes_edge")) return call("otimes_edge", a, w);
+    return do_otimes(a, do_lift(w));
+  }
+  Tensor do_oplus(const Tensor& a, const Tensor& b) const override { return call("oplus", a, b); }
+  Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
+    return call("oplus_reduce", a, py::tuple(py::cast(dims.vec())), keepdim);
+  }
+
+ private:
+  template <class... A>
+  Tensor call(const char* method, A&&... args) const {
+    py::object r = obj_.attr(method)(std::forward<A>(args)...);
+    TORCH_CHECK_TYPE(THPVariable_Check(r.ptr()), "torch_semiring: ", name_, ".", method,
+                     " must return a Tensor, got ", std::string(py::str(py::type::of(r))));
+    return THPVariable_Unpack(r.ptr());
+  }
+  py::object obj_;
+  std::string name_;
+  int64_t components_;
+  bool zero_is_zero_;
+};
+
+c10::intrusive_ptr<Node> node_from_py(py::handle h) {
+  if (h.is_none()) return {};
+  if (torch::autograd::THPCppFunction_Check(h.ptr())) return ((torch::autograd::THPCppFunction*)h.ptr())->cdata;
+  if (THPFunction_Check(h.ptr())) return ((THPFunction*)h.ptr())->cdata;
+  TORCH_CHECK_TYPE(false, "torch_semiring: expected an autograd node (a grad_fn), got ",
+                   std::string(py::str(py::type::of(h))));
+}
+
+py::object node_to_py(const c10::intrusive_ptr<Node>& n) {
+  return py::reinterpret_steal<py::object>(torch::autograd::functionToPyObject(n));
+}
+
+std::vector<Edge> edges_from_py(const std::vector<std::pair<py::object, uint32_t>>& pairs) {
+  std::vector<Edge> edges;
+  for (const auto& [node, nr] : pairs) edges.emplace_back(node_from_py(node), nr);
+  return edges;
+}
+
+// A rule written in Python: rule(node, grads, semiring, needed) -> list of
+// values (None = zero), with `semiring` the Python handle of the semiring.
+Rule python_rule(py::function fn) {
+  return [fn](const RuleContext& ctx, const std::vector<at::Tensor>& grads) -> std::vector<at::Tensor> {
+    py::gil_scoped_acquire gil;
+    auto node = node_to_py(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&ctx.node));
+    py::list pg;
+    for (const auto& g : grads) pg.append(g.defined() ? py::cast(g) : py::none());
+    py::object result = fn(node, pg, py::cast(&ctx.semiring, py::return_value_policy::reference),
+                           py::cast(ctx.needed));
+    std::vector<at::Tensor> out;
+    for (auto item : result) out.push_back(item.is_none() ? at::Tensor() : item.cast<at::Tensor>());
+    return out;
+  };
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "torch_semiring C++ core: semirings, rules and the semiring backward engine";
+  register_builtin_rules();
+
+  py::class_<Semiring, std::shared_ptr<Semiring>>(m, "Semiring")
+      .def_property_readonly("name", &Semiring::name)
+      .def_property_readonly("components", &Semiring::components)
+      .def("zero", [](const Semiring& s, std::vector<int64_t> shape, const at::Tensor& like) {
+        return s.zero(shape, like.options());
+      })
+      .def("one", [](const Semiring& s, std::vector<int64_t> shape, const at::Tensor& like) {
+        return s.one(shape, like.options());
+      })
+      .def("lift", &Semiring::lift)
+      .def("otimes", &Semiring::otimes)
+      .def("otimes_edge", &Semiring::otimes_edge)
+      .def("oplus", &Semiring::oplus)
+      .def("oplus_reduce", [](const Semiring& s, const at::Tensor& v, std::vector<int64_t> dims, bool keepdim) {
+        return s.oplus_reduce(v, dims, keepdim);
+      }, py::arg("value"), py::arg("dims"), py::arg("keepdim") = false)
+      .def("matmul", &Semiring::matmul)
+      .def("scatter_oplus", &Semiring::scatter_oplus)
+      .def("readout", &Semiring::readout)
+      .def("parts", [](const Semiring& s) {
+        std::vector<std::shared_ptr<Semiring>> out;
+        for (auto& p : product_parts(s)) out.push_back(std::const_pointer_cast<Semiring>(p));
+        return out;
+      })
+      .def("split", [](const Semiring& s, const at::Tensor& v) { return split_product_value(s, v); });
+
+  m.def("semiring_names", &semiring_names);
+  m.def("make_semiring", [](const std::string& name, int64_t k) {
+    return std::const_pointer_cast<Semiring>(make_semiring(name, k));
+  }, py::arg("name"), py::arg("k") = 1);
+  m.def("python_semiring", [](py::object obj) -> std::shared_ptr<Semiring> {
+    return std::make_shared<PySemiring>(std::move(obj));
+  });
+  m.def("make_product", [](std::vector<std::shared_ptr<Semiring>> parts) {
+    std::vector<SemiringPtr> p(parts.begin(), parts.end());
+    return std::const_pointer_cast<Semiring>(make_product(std::move(p)));
+  });
+
+  m.def("run_backward",
+        [](const std::shared_ptr<Semiring>& sr, const std::vector<std::pair<py::object, uint32_t>>& roots,
+           const std::vector<at::Tensor>& seeds, const std::vector<std::pair<py::object, uint32_t>>& targets,
+           bool keep_graph, bool create_graph, bool collect_leaves) {
+          BackwardOptions opt;
+          opt.keep_graph = keep_graph;
+          opt.create_graph = create_graph;
+          opt.collect_leaves = collect_leaves;
+          auto r = run_backward(*sr, edges_from_py(roots), seeds, edges_from_py(targets), opt);
+          py::list captured;
+          for (auto& t : r.captured) captured.append(t.defined() ? py::cast(t) : py::none());
+          return py::make_tuple(captured, r.in_graph, r.leaf_variables, r.leaf_values);
+        });
+
+  m.def("register_rule", [](const std::string& name, py::function fn, const std::string& family) {
+    register_rule(name, python_rule(std::move(fn)), family);
+  }, py::arg("node_name"), py::arg("rule"), py::arg("family") = "user");
+  m.def("registered_rules", &registered_rules);
+  m.def("has_rule", [](const std::string& name) { return find_rule(name) != nullptr; });
+  m.def("set_log_sink", [](py::object sink) {
+    if (sink.is_none()) {
+      set_log_sink(nullptr);
+    } else {
+      set_log_sink([sink](const std::string& line) {
+        py::gil_scoped_acquire gil;
+        sink(line);
+      });
+    }
+  });
+}

@@ -1,0 +1,203 @@
+// Generic rules that cover whole families of autograd nodes, each defined by
+// the structure of its Jacobian rather than by op (JAX's deflinear-style
+// combinators). Which node belongs to which family is data: the pointwise list
+// is generated from native_functions.yaml tags at build time, the others are
+// the tables at the bottom of this file.
+#include <torch/csrc/autograd/generated/Functions.h>
+
+#include "pointwise_nodes.h"  // generated: kPointwiseNodes
+#include "rule.h"
+
+namespace torch_semiring {
+
+using at::Tensor;
+using namespace torch::autograd::generated;
+
+namespace {
+
+std::vector<Tensor> ones_where_defined(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  std::vector<Tensor> ones(grads.size());
+  for (size_t j = 0; j < grads.size(); ++j)
+    if (grads[j].defined()) ones[j] = at::ones(ctx.output_shape(j), ctx.output_options(j));
+  return ones;
+}
+
+// ---- pointwise: diagonal Jacobian -------------------------------------------
+// The node's own backward applied to ones is the diagonal of its Jacobian, at
+// the broadcast shape (the engine ⊕-reduces broadcast dims afterwards).
+std::vector<Tensor> pointwise_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  TORCH_CHECK(grads.size() == 1, "torch_semiring: the pointwise rule expects one output, ", ctx.node.name(),
+              " has ", grads.size(), "; register a specific rule for it");
+  auto diagonal = ctx.call_backward(ones_where_defined(ctx, grads));
+  std::vector<Tensor> out(diagonal.size());
+  for (size_t i = 0; i < diagonal.size(); ++i)
+    if (ctx.needs(i) && diagonal[i].defined()) out[i] = ctx.semiring.otimes_edge(grads[0], diagonal[i]);
+  return out;
+}
+
+// ---- placement: every input element takes the value of at most one output
+// element, with weight 1 (views, permutations, slices, cat/split, scatter of
+// values …). The node's own backward moves each component into place; where it
+// fills unreached positions with 0 we put the semiring zero instead.
+std::vector<Tensor> place(const RuleContext& ctx, const std::vector<Tensor>& grads, bool injective) {
+  const auto& sr = ctx.semiring;
+  const int64_t C = sr.components();
+  std::vector<std::vector<Tensor>> moved(C);
+  for (int64_t c = 0; c < C; ++c) {
+    std::vector<Tensor> part(grads.size());
+    for (size_t j = 0; j < grads.size(); ++j)
+      if (grads[j].defined()) part[j] = grads[j].select(0, c);
+    moved[c] = ctx.call_backward(std::move(part));
+  }
+  std::vector<Tensor> reached;
+  if (injective && !sr.zero_is_numeric_zero()) reached = ctx.call_backward(ones_where_defined(ctx, grads));
+  std::vector<Tensor> out(moved[0].size());
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (!ctx.needs(i) || !moved[0][i].defined()) continue;
+    std::vector<Tensor> comps;
+    for (int64_t c = 0; c < C; ++c) comps.push_back(moved[c][i]);
+    out[i] = at::stack(comps);
+    if (!reached.empty())
+      out[i] = at::where(reached[i] != 0, out[i], sr.zero(reached[i].sizes(), out[i].options()));
+  }
+  return out;
+}
+std::vector<Tensor> bijective_rule(const RuleContext& ctx, const std::vector<Tensor>& g) { return place(ctx, g, false); }
+std::vector<Tensor> injective_rule(const RuleContext& ctx, const std::vector<Tensor>& g) { return place(ctx, g, true); }
+
+// ---- broadcast: expand's backward is a sum over the broadcast dims, which is
+// exactly the engine's ⊕-reduction to the input shape.
+std::vector<Tensor> broadcast_rule(const RuleContext&, const std::vector<Tensor>& grads) { return {grads[0]}; }
+
+// ---- reductions: every input element feeds exactly one output element (sum,
+// mean, amax, max.dim, prod, norm, logsumexp, var …). The weight of that one
+// edge is the node's backward applied to ones; the value arriving is the
+// output's, broadcast back over the reduced dims.
+struct Reduced {
+  std::vector<int64_t> dims;  // empty: all dims
+  bool keepdim;
+};
+std::vector<int64_t> as_dims(int64_t d) { return {d}; }
+std::vector<int64_t> as_dims(const std::vector<int64_t>& d) { return d; }
+std::vector<int64_t> as_dims(const c10::OptionalArray<int64_t>& d) { return d.list ? *d.list : std::vector<int64_t>{}; }
+template <class N>
+Reduced reduced_by_fields(Node& n) {
+  auto& f = static_cast<N&>(n);
+  return {as_dims(f.dim), f.keepdim};
+}
+Reduced reduced_all(Node&) { return {{}, false}; }
+
+Rule reduction_rule(Reduced (*reduced)(Node&)) {
+  return [reduced](const RuleContext& ctx, const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+    if (!ctx.needs(0)) return {};
+    auto weights = ctx.call_backward(ones_where_defined(ctx, grads));
+    const auto in_shape = ctx.input_shape(0);
+    const int64_t rank = in_shape.size();
+    auto r = reduced(ctx.node);
+    Tensor g = grads[0];
+    if (!r.keepdim) {
+      std::vector<int64_t> dims;
+      if (r.dims.empty())
+        for (int64_t d = 0; d < rank; ++d) dims.push_back(d);
+      else
+        for (auto d : r.dims) dims.push_back(at::maybe_wrap_dim(d, std::max<int64_t>(rank, 1)));
+      std::sort(dims.begin(), dims.end());
+      for (auto d : dims)
+        if (d < rank && g.dim() - 1 < rank) g = g.unsqueeze(d + 1);
+    }
+    std::vector<int64_t> full{g.size(0)};
+    full.insert(full.end(), in_shape.begin(), in_shape.end());
+    return {ctx.semiring.otimes_edge(g.expand(full), weights[0])};
+  };
+}
+
+// ---- selection: every output element copies one input element (indexing,
+// index_select, gather); inputs may be picked several times, so their values
+// are ⊕-scattered. Which input element each output copies is found by running
+// the forward selection on the input's flat positions.
+Rule selection_rule(Tensor (*select)(Node&, const Tensor& positions)) {
+  return [select](const RuleContext& ctx, const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+    if (!ctx.needs(0)) return {};
+    const auto in_shape = ctx.input_shape(0);
+    const int64_t numel = c10::multiply_integers(in_shape);
+    auto positions = at::arange(numel, at::TensorOptions().dtype(at::kLong)).view(in_shape);
+    auto source = select(ctx.node, positions).reshape(-1);
+    const auto& g = grads[0];
+    auto out = ctx.semiring.scatter_oplus(g.reshape({g.size(0), -1}), source, numel);
+    std::vector<int64_t> shape{g.size(0)};
+    shape.insert(shape.end(), in_shape.begin(), in_shape.end());
+    return {out.view(shape)};
+  };
+}
+Tensor index_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<IndexBackward0&>(n);
+  c10::List<std::optional<Tensor>> indices;
+  for (auto& s : f.indices_) {
+    auto t = s.unpack();
+    indices.push_back(t.defined() ? std::optional<Tensor>(t) : std::nullopt);
+  }
+  return at::index(p, indices);
+}
+Tensor index_select_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<IndexSelectBackward0&>(n);
+  return p.index_select(f.dim, f.index_.unpack());
+}
+Tensor gather_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<GatherBackward0&>(n);
+  return p.gather(f.dim, f.index_.unpack());
+}
+
+// ---- the tables ---------------------------------------------------------------
+// Views, permutations and copies: every input element is reached.
+const char* const kBijective[] = {
+    "ViewBackward0",      "UnsafeViewBackward0", "ReshapeAliasBackward0", "PermuteBackward0",
+    "TransposeBackward0", "TransposeBackward1",  "TBackward0",            "UnsqueezeBackward0",
+    "UnsqueezeBackward1", "SqueezeBackward0",    "SqueezeBackward1",      "SqueezeBackward2",
+    "SqueezeBackward3",   "SqueezeBackward4",    "AliasBackward0",        "FlipBackward0",
+    "RollBackward0",      "StackBackward0",      "ToCopyBackward0",
+};
+// Injective placements: some input positions may receive nothing.
+const char* const kInjective[] = {
+    "SelectBackward0",       "SliceBackward0",         "CatBackward0",          "SplitBackward0",
+    "SplitWithSizesBackward0", "UnbindBackward0",      "DiagonalBackward0",     "TrilBackward0",
+    "TriuBackward0",         "ConstantPadNdBackward0", "NarrowCopyBackward0",   "SliceScatterBackward0",
+    "SelectScatterBackward0", "ScatterBackward0",      "ScatterBackward1",      "IndexFillBackward0",
+    "MaskedScatterBackward0",
+};
+
+}  // namespace
+
+void register_linear_algebra_rules();  // linear_algebra.cpp
+
+void register_builtin_rules() {
+  for (const char* name : kPointwiseNodes) register_rule(name, pointwise_rule, "pointwise");
+  for (const char* name : kBijective) register_rule(name, bijective_rule, "placement");
+  for (const char* name : kInjective) register_rule(name, injective_rule, "placement");
+  register_rule("ExpandBackward0", broadcast_rule, "broadcast");
+
+  register_rule("SumBackward0", reduction_rule(reduced_all), "reduction");
+  register_rule("SumBackward1", reduction_rule(reduced_by_fields<SumBackward1>), "reduction");
+  register_rule("MeanBackward0", reduction_rule(reduced_all), "reduction");
+  register_rule("MeanBackward1", reduction_rule(reduced_by_fields<MeanBackward1>), "reduction");
+  register_rule("AmaxBackward0", reduction_rule(reduced_by_fields<AmaxBackward0>), "reduction");
+  register_rule("AminBackward0", reduction_rule(reduced_by_fields<AminBackward0>), "reduction");
+  register_rule("MaxBackward0", reduction_rule(reduced_by_fields<MaxBackward0>), "reduction");
+  register_rule("MaxBackward1", reduction_rule(reduced_all), "reduction");
+  register_rule("MinBackward0", reduction_rule(reduced_by_fields<MinBackward0>), "reduction");
+  register_rule("MinBackward1", reduction_rule(reduced_all), "reduction");
+  register_rule("ProdBackward0", reduction_rule(reduced_all), "reduction");
+  register_rule("ProdBackward1", reduction_rule(reduced_by_fields<ProdBackward1>), "reduction");
+  register_rule("LogsumexpBackward0", reduction_rule(reduced_by_fields<LogsumexpBackward0>), "reduction");
+  register_rule("NormBackward0", reduction_rule(reduced_all), "reduction");
+  register_rule("NormBackward1", reduction_rule(reduced_by_fields<NormBackward1>), "reduction");
+  register_rule("StdBackward0", reduction_rule(reduced_by_fields<StdBackward0>), "reduction");
+  register_rule("VarBackward0", reduction_rule(reduced_by_fields<VarBackward0>), "reduction");
+
+  register_rule("IndexBackward0", selection_rule(index_positions), "selection");
+  register_rule("IndexSelectBackward0", selection_rule(index_select_positions), "selection");
+  register_rule("GatherBackward0", selection_rule(gather_positions), "selection");
+
+  register_linear_algebra_rules();
+}
+
+}  // namespace torch_semiring

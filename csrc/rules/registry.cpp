@@ -1,0 +1,59 @@
+// The rule registry (node name → rule) and the RuleContext helpers rules use.
+#include <mutex>
+#include <unordered_map>
+
+#include "rule.h"
+
+namespace torch_semiring {
+
+namespace {
+std::unordered_map<std::string, RuleEntry>& table() {
+  static std::unordered_map<std::string, RuleEntry> rules;
+  return rules;
+}
+std::vector<int64_t> dims_of(const torch::autograd::InputMetadata& meta) {
+  std::vector<int64_t> shape;
+  for (const auto& s : meta.shape_as_dim_vector()) shape.push_back(s.expect_int());
+  return shape;
+}
+}  // namespace
+
+void register_rule(const std::string& node_name, Rule rule, const std::string& family) {
+  table()[node_name] = RuleEntry{std::move(rule), family};
+}
+
+const RuleEntry* find_rule(const std::string& node_name) {
+  auto it = table().find(node_name);
+  return it == table().end() ? nullptr : &it->second;
+}
+
+std::vector<std::pair<std::string, std::string>> registered_rules() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (auto& kv : table()) out.emplace_back(kv.first, kv.second.family);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+bool RuleContext::needs_any() const { return std::any_of(needed.begin(), needed.end(), [](bool b) { return b; }); }
+
+std::vector<int64_t> RuleContext::input_shape(size_t i) const {
+  const auto& e = node.next_edge(i);
+  TORCH_CHECK(e.is_valid(), "torch_semiring: input ", i, " of ", node.name(), " is not differentiable");
+  return dims_of(e.function->input_metadata(e.input_nr));
+}
+
+at::TensorOptions RuleContext::input_options(size_t i) const {
+  const auto& e = node.next_edge(i);
+  TORCH_CHECK(e.is_valid(), "torch_semiring: input ", i, " of ", node.name(), " is not differentiable");
+  return e.function->input_metadata(e.input_nr).options();
+}
+
+std::vector<int64_t> RuleContext::output_shape(size_t j) const { return dims_of(node.input_metadata(j)); }
+
+at::TensorOptions RuleContext::output_options(size_t j) const { return node.input_metadata(j).options(); }
+
+std::vector<at::Tensor> RuleContext::call_backward(std::vector<at::Tensor> grads) const {
+  return node(std::move(grads));
+}
+
+}  // namespace torch_semiring

@@ -1,0 +1,59 @@
+// A semiring rule: the semiring analogue of a node's backward. Given the
+// semiring values arriving at a node's outputs, it returns the value for each
+// of the node's inputs (one per next edge):
+//     v_in[e] = ⊕_o  g[o] ⊗ lift(J[o, e])
+// over the node's true local Jacobian J, computed with the op's structure.
+// Rules are found by autograd node name (JAX-style registry); the engine knows
+// no op.
+#pragma once
+
+#include <torch/csrc/autograd/function.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "../semiring/semiring.h"
+
+namespace torch_semiring {
+
+using torch::autograd::Node;
+
+struct RuleContext {
+  Node& node;
+  const Semiring& semiring;
+  bool create_graph;
+  // needed[i]: next edge i leads to a requested input, so its value is wanted.
+  std::vector<bool> needed;
+
+  bool needs(size_t i) const { return i < needed.size() && needed[i]; }
+  bool needs_any() const;
+  // Shape / options of the tensor behind next edge i (the node's forward input).
+  std::vector<int64_t> input_shape(size_t i) const;
+  at::TensorOptions input_options(size_t i) const;
+  // Shape / options of the node's forward output j (where grads arrive).
+  std::vector<int64_t> output_shape(size_t j) const;
+  at::TensorOptions output_options(size_t j) const;
+  // Calls the node's own (stock) backward on plain tensors.
+  std::vector<at::Tensor> call_backward(std::vector<at::Tensor> grads) const;
+};
+
+// grads: one value per node output, undefined = zero. Returns one value per
+// next edge (undefined = zero; unneeded entries may be left undefined). A
+// returned value may have the broadcast shape of the forward op: the engine
+// ⊕-reduces it to the input's shape, as the stock engine does with sum_to.
+using Rule = std::function<std::vector<at::Tensor>(const RuleContext&, const std::vector<at::Tensor>& grads)>;
+
+struct RuleEntry {
+  Rule rule;
+  std::string family;  // for logs and the coverage listing: "pointwise", "matmul", …
+};
+
+void register_rule(const std::string& node_name, Rule rule, const std::string& family);
+const RuleEntry* find_rule(const std::string& node_name);
+std::vector<std::pair<std::string, std::string>> registered_rules();  // (node name, family)
+
+// Registers the built-in rule families (called once at import).
+void register_builtin_rules();
+
+}  // namespace torch_semiring

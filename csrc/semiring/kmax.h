@@ -1,0 +1,80 @@
+// kmax(k): the k largest path log-magnitudes, descending (k-best Viterbi).
+// A value holds the k best scores of a tensor element in its k components.
+// ⊕ merges two top-k lists, ⊗ adds scores pairwise and keeps the top k,
+// lift(w) = (log|w|, −∞, …), zero all −∞, one (0, −∞, …).
+#pragma once
+#include "semiring.h"
+
+namespace torch_semiring {
+
+class KMaxSemiring final : public Semiring {
+ public:
+  explicit KMaxSemiring(int64_t k) : k_(k) {
+    TORCH_CHECK(k >= 1, "torch_semiring: kmax needs k >= 1, got k=", k);
+  }
+  std::string name() const override { return "kmax"; }
+  int64_t components() const override { return k_; }
+  Tensor readout(const Tensor& v) const override { return v.movedim(0, -1); }
+  int64_t k() const { return k_; }
+
+ protected:
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  Tensor top(const Tensor& candidates) const {  // candidates along dim 0
+    return std::get<0>(candidates.topk(k_, 0, /*largest=*/true, /*sorted=*/true));
+  }
+  Tensor do_zero(at::IntArrayRef s, const at::TensorOptions& o) const override {
+    return constant_value(std::vector<double>(k_, -kInf), s, o);
+  }
+  Tensor do_one(at::IntArrayRef s, const at::TensorOptions& o) const override {
+    std::vector<double> c(k_, -kInf);
+    c[0] = 0.0;
+    return constant_value(c, s, o);
+  }
+  Tensor do_lift(const Tensor& w) const override {
+    std::vector<int64_t> rest{k_ - 1};
+    rest.insert(rest.end(), w.sizes().begin(), w.sizes().end());
+    return at::cat({w.abs().log().unsqueeze(0), at::full(rest, -kInf, w.options())});
+  }
+  Tensor do_otimes(const Tensor& a, const Tensor& b) const override {
+    auto sums = a.unsqueeze(1) + b.unsqueeze(0);  // (k, k, *S): every pair of scores
+    auto shape = sums.sizes().vec();
+    shape.erase(shape.begin());
+    shape[0] = k_ * k_;
+    return top(sums.reshape(shape));
+  }
+  // A lifted edge has one finite score: adding it keeps the order.
+  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
+    return a + w.abs().log();
+  }
+  Tensor do_oplus(const Tensor& a, const Tensor& b) const override {
+    auto sa = a.sizes().vec(), sb = b.sizes().vec();
+    auto shape = at::infer_size(at::IntArrayRef(sa).slice(1), at::IntArrayRef(sb).slice(1));
+    std::vector<int64_t> ea{k_}, eb{k_};
+    ea.insert(ea.end(), shape.begin(), shape.end());
+    eb.insert(eb.end(), shape.begin(), shape.end());
+    return top(at::cat({a.expand(ea), b.expand(eb)}, 0));
+  }
+  Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
+    if (dims.empty()) return a;
+    // Bring the reduced dims next to the component dim, flatten them into the
+    // candidate dim, keep the top k.
+    std::vector<int64_t> order{0}, kept;
+    for (auto d : dims) order.push_back(d);
+    for (int64_t d = 1; d < a.dim(); ++d)
+      if (std::find(dims.begin(), dims.end(), d) == dims.end()) {
+        order.push_back(d);
+        kept.push_back(a.size(d));
+      }
+    std::vector<int64_t> flat{-1};
+    flat.insert(flat.end(), kept.begin(), kept.end());
+    auto best = top(a.permute(order).reshape(flat));
+    if (!keepdim) return best;
+    for (auto d : dims) best = best.unsqueeze(d);  // dims ascending
+    return best;
+  }
+
+ private:
+  int64_t k_;
+};
+
+}  // namespace torch_semiring

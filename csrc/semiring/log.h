@@ -1,0 +1,45 @@
+// log: log Z = log Σ_paths Π|w|, carried in log space so deep products do not
+// underflow. ⊕ = logaddexp, ⊗ = +, lift(w) = log|w| (log 0 = −∞ = zero).
+#pragma once
+#include "semiring.h"
+
+namespace torch_semiring {
+
+class LogSemiring final : public Semiring {
+ public:
+  std::string name() const override { return "log"; }
+  int64_t components() const override { return 1; }
+  Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
+
+  // Shift by the per-target maximum, add exponentials, shift back: one pass
+  // with index_add instead of rounds of binary logaddexp.
+  Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
+    auto idx = index.unsqueeze(0).expand_as(src);
+    auto ninf = -std::numeric_limits<double>::infinity();
+    auto peak = at::full({src.size(0), numel}, ninf, src.options())
+                    .scatter_reduce(1, idx, src, "amax", /*include_self=*/true);
+    auto shift = peak.gather(1, idx);
+    auto terms = at::where(src == ninf, at::zeros_like(src), at::exp(src - shift));
+    auto total = at::zeros_like(peak).index_add_(1, index, terms);
+    return at::where(peak == ninf, peak, peak + at::log(total));
+  }
+
+ protected:
+  Tensor do_zero(at::IntArrayRef s, const at::TensorOptions& o) const override {
+    return constant_value({-std::numeric_limits<double>::infinity()}, s, o);
+  }
+  Tensor do_one(at::IntArrayRef s, const at::TensorOptions& o) const override {
+    return constant_value({0.0}, s, o);
+  }
+  Tensor do_lift(const Tensor& w) const override { return w.abs().log().unsqueeze(0); }
+  Tensor do_otimes(const Tensor& a, const Tensor& b) const override { return a + b; }
+  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
+    return a + w.abs().log();
+  }
+  Tensor do_oplus(const Tensor& a, const Tensor& b) const override { return at::logaddexp(a, b); }
+  Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
+    return dims.empty() ? a : at::logsumexp(a, dims, keepdim);
+  }
+};
+
+}  // namespace torch_semiring

@@ -1,0 +1,35 @@
+// max_abs: the largest path product of |w| (the paper's max-product on
+// magnitudes). ⊕ = max, ⊗ = ×, lift(w) = |w|, zero 0, one 1.
+#pragma once
+#include "semiring.h"
+
+namespace torch_semiring {
+
+class MaxAbsSemiring final : public Semiring {
+ public:
+  std::string name() const override { return "max_abs"; }
+  int64_t components() const override { return 1; }
+  bool zero_is_numeric_zero() const override { return true; }
+  Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
+  Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
+    return at::zeros({src.size(0), numel}, src.options())
+        .scatter_reduce(1, index.unsqueeze(0).expand_as(src), src, "amax", true);
+  }
+
+ protected:
+  Tensor do_zero(at::IntArrayRef s, const at::TensorOptions& o) const override {
+    return constant_value({0.0}, s, o);
+  }
+  Tensor do_one(at::IntArrayRef s, const at::TensorOptions& o) const override {
+    return constant_value({1.0}, s, o);
+  }
+  Tensor do_lift(const Tensor& w) const override { return w.abs().unsqueeze(0); }
+  Tensor do_otimes(const Tensor& a, const Tensor& b) const override { return a * b; }
+  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override { return a * w.abs(); }
+  Tensor do_oplus(const Tensor& a, const Tensor& b) const override { return at::maximum(a, b); }
+  Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
+    return dims.empty() ? a : a.amax(dims, keepdim);
+  }
+};
+
+}  // namespace torch_semiring

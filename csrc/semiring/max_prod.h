@@ -1,0 +1,64 @@
+// max_prod: the highest SIGNED path product M, with the lowest m carried along.
+// Plain (max, ×) over signed numbers is not a semiring (a negative factor turns
+// the minimum into the maximum), so a value is the pair (M, m) — the extreme
+// products over its paths. ⊗ by an edge w gives (max(wM, wm), min(wM, wm)),
+// ⊕ is (max, min), the zero (−∞, +∞) is the empty set of paths.
+#pragma once
+#include "semiring.h"
+
+namespace torch_semiring {
+
+class MaxProdSemiring final : public Semiring {
+ public:
+  std::string name() const override { return "max_prod"; }
+  int64_t components() const override { return 2; }
+  Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
+  Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
+    auto inf = std::numeric_limits<double>::infinity();
+    auto idx = index.unsqueeze(0).expand({1, index.size(0)});
+    auto hi = at::full({1, numel}, -inf, src.options())
+                  .scatter_reduce(1, idx, src.narrow(0, 0, 1), "amax", true);
+    auto lo = at::full({1, numel}, inf, src.options())
+                  .scatter_reduce(1, idx, src.narrow(0, 1, 1), "amin", true);
+    return at::cat({hi, lo}, 0);
+  }
+
+ protected:
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  Tensor do_zero(at::IntArrayRef s, const at::TensorOptions& o) const override {
+    return constant_value({-kInf, kInf}, s, o);
+  }
+  Tensor do_one(at::IntArrayRef s, const at::TensorOptions& o) const override {
+    return constant_value({1.0, 1.0}, s, o);
+  }
+  Tensor do_lift(const Tensor& w) const override {
+    auto none = w == 0;
+    return at::stack({at::where(none, -kInf, w), at::where(none, kInf, w)});
+  }
+  // Products of two intervals of path products; empty ⊗ anything = empty.
+  Tensor do_otimes(const Tensor& a, const Tensor& b) const override {
+    auto M1 = a.select(0, 0), m1 = a.select(0, 1), M2 = b.select(0, 0), m2 = b.select(0, 1);
+    auto p = at::stack({M1 * M2, M1 * m2, m1 * M2, m1 * m2});
+    auto empty = (M1 == -kInf).logical_or(M2 == -kInf);
+    return at::stack({at::where(empty, -kInf, p.amax(0)), at::where(empty, kInf, p.amin(0))});
+  }
+  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
+    auto hi = a.select(0, 0) * w, lo = a.select(0, 1) * w;
+    auto empty = (a.select(0, 0) == -kInf).logical_or(w == 0);
+    return at::stack({at::where(empty, -kInf, at::maximum(hi, lo)),
+                      at::where(empty, kInf, at::minimum(hi, lo))});
+  }
+  Tensor do_oplus(const Tensor& a, const Tensor& b) const override {
+    return at::stack({at::maximum(a.select(0, 0), b.select(0, 0)),
+                      at::minimum(a.select(0, 1), b.select(0, 1))});
+  }
+  Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
+    if (dims.empty()) return a;
+    // dims are already shifted past the component dim; reduce each component.
+    std::vector<int64_t> d;
+    for (auto x : dims) d.push_back(x - 1);
+    return at::stack({a.select(0, 0).amax(d, keepdim), a.select(0, 1).amin(d, keepdim)});
+  }
+};
+
+}  // namespace torch_semiring

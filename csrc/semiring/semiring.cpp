@@ -1,0 +1,193 @@
+// Shared semiring machinery: rank alignment, the generic blocked matrix
+// product and scatter, and the name → semiring table.
+#include "semiring.h"
+
+#include "abs.h"
+#include "count.h"
+#include "entropy.h"
+#include "kmax.h"
+#include "log.h"
+#include "max_abs.h"
+#include "max_prod.h"
+#include "product.h"
+#include "real.h"
+#include "viterbi.h"
+
+#include <functional>
+#include <map>
+
+namespace torch_semiring {
+
+Tensor pad_rank(const Tensor& t, int64_t rank) {
+  if (t.dim() >= rank) return t;
+  std::vector<int64_t> shape(rank - t.dim(), 1);
+  shape.insert(shape.end(), t.sizes().begin(), t.sizes().end());
+  return t.view(shape);
+}
+
+Tensor pad_value_rank(const Tensor& v, int64_t rank) {
+  if (v.dim() - 1 >= rank) return v;
+  std::vector<int64_t> shape{v.size(0)};
+  shape.insert(shape.end(), rank - (v.dim() - 1), 1);
+  shape.insert(shape.end(), v.sizes().begin() + 1, v.sizes().end());
+  return v.view(shape);
+}
+
+std::vector<int64_t> value_dims(at::IntArrayRef element_dims) {
+  std::vector<int64_t> out;
+  for (auto d : element_dims) out.push_back(d + 1);
+  return out;
+}
+
+std::vector<Tensor> components_of(const Tensor& v) { return v.unbind(0); }
+
+Tensor constant_value(const std::vector<double>& per_component, at::IntArrayRef shape,
+                      const at::TensorOptions& opts) {
+  std::vector<int64_t> view{(int64_t)per_component.size()};
+  view.insert(view.end(), shape.size(), 1);
+  std::vector<int64_t> full{(int64_t)per_component.size()};
+  full.insert(full.end(), shape.begin(), shape.end());
+  auto c = at::tensor(per_component, at::TensorOptions().dtype(at::kDouble))
+               .to(opts.device(), c10::typeMetaToScalarType(opts.dtype()));
+  // contiguous: callers may write into or view it freely
+  return c.view(view).expand(full).contiguous();
+}
+
+// ---- public entry points: align ranks, shift dims, delegate -----------------
+
+Tensor Semiring::zero(at::IntArrayRef shape, const at::TensorOptions& o) const { return do_zero(shape, o); }
+Tensor Semiring::one(at::IntArrayRef shape, const at::TensorOptions& o) const { return do_one(shape, o); }
+
+Tensor Semiring::otimes(const Tensor& a, const Tensor& b) const {
+  auto rank = std::max(a.dim(), b.dim()) - 1;
+  return do_otimes(pad_value_rank(a, rank), pad_value_rank(b, rank));
+}
+
+Tensor Semiring::otimes_edge(const Tensor& a, const Tensor& w) const {
+  auto rank = std::max(a.dim() - 1, w.dim());
+  return do_otimes_edge(pad_value_rank(a, rank), pad_rank(w, rank));
+}
+
+Tensor Semiring::oplus(const Tensor& a, const Tensor& b) const {
+  if (!a.defined()) return b;
+  if (!b.defined()) return a;
+  auto rank = std::max(a.dim(), b.dim()) - 1;
+  return do_oplus(pad_value_rank(a, rank), pad_value_rank(b, rank));
+}
+
+Tensor Semiring::oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const {
+  std::vector<int64_t> sorted;
+  for (auto d : dims) sorted.push_back(at::maybe_wrap_dim(d, a.dim() - 1) + 1);
+  std::sort(sorted.begin(), sorted.end());
+  sorted.erase(std::unique(sorted.begin(), sorted.end()), sorted.end());
+  return do_oplus_reduce(a, sorted, keepdim);
+}
+
+// Generic ⊕-⊗ product: walk the contraction dim in blocks, build the
+// (…, M, block, N) products of one block at a time, ⊕-reduce the block and
+// ⊕-accumulate. The block is sized so the temporary stays within ~16M
+// elements, never M·K·N.
+Tensor Semiring::matmul(const Tensor& g, const Tensor& w) const {
+  TORCH_CHECK(g.dim() >= 3 && w.dim() >= 2, "torch_semiring: matmul needs a value of rank >= 2 "
+              "(plus components) and a matrix, got shapes ", g.sizes(), " and ", w.sizes());
+  const int64_t K = w.size(-2);
+  TORCH_CHECK(g.size(-1) == K, "torch_semiring: matmul contraction mismatch ", g.sizes(), " @ ", w.sizes());
+  const int64_t per_k = std::max<int64_t>(1, g.numel() / std::max<int64_t>(K, 1) * w.size(-1));
+  const int64_t budget = int64_t(1) << 24;
+  const int64_t block = std::max<int64_t>(1, std::min<int64_t>(K, budget / per_k));
+  Tensor acc;
+  for (int64_t k0 = 0; k0 < K; k0 += block) {
+    const int64_t kb = std::min(block, K - k0);
+    auto gb = g.narrow(-1, k0, kb).unsqueeze(-1);  // (C, …, M, kb, 1)
+    auto wb = w.narrow(-2, k0, kb).unsqueeze(-3);  // (…, 1, kb, N)
+    auto prod = otimes_edge(gb, wb);               // (C, …, M, kb, N)
+    auto part = oplus_reduce(prod, {prod.dim() - 3}, /*keepdim=*/false);
+    acc = oplus(acc, part);
+  }
+  if (!acc.defined()) {  // K == 0: no paths
+    auto shape = at::infer_size(g.sizes().slice(1, g.dim() - 3), w.sizes().slice(0, w.dim() - 2));
+    shape.push_back(g.size(-2));
+    shape.push_back(w.size(-1));
+    acc = zero(shape, g.options());
+  }
+  return acc;
+}
+
+// Generic scatter-⊕ in rounds: round r applies the r-th occurrence of every
+// target index at once, so each round is an injective gather-⊕-scatter that
+// only needs binary ⊕. The number of rounds is the largest multiplicity.
+Tensor Semiring::scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const {
+  auto out = zero({numel}, src.options());
+  const int64_t n = index.numel();
+  if (n == 0) return out;
+  auto sorted = index.sort(/*stable=*/true);
+  auto keys = std::get<0>(sorted), order = std::get<1>(sorted);
+  auto pos = at::arange(n, index.options());
+  auto starts = at::ones({n}, index.options().dtype(at::kBool));
+  if (n > 1) starts.narrow(0, 1, n - 1).copy_(keys.narrow(0, 1, n - 1) != keys.narrow(0, 0, n - 1));
+  auto group_start = std::get<0>(at::where(starts, pos, at::zeros_like(pos)).cummax(0));
+  auto rank = pos - group_start;  // occurrence number within its target
+  const int64_t rounds = rank.max().item<int64_t>() + 1;
+  for (int64_t r = 0; r < rounds; ++r) {
+    auto sel = (rank == r).nonzero().squeeze(1);
+    auto targets = keys.index_select(0, sel);
+    auto vals = src.index_select(1, order.index_select(0, sel));
+    auto merged = oplus(out.index_select(1, targets), vals);
+    out = out.index_copy(1, targets, merged);
+  }
+  return out;
+}
+
+// ---- registry ----------------------------------------------------------------
+
+namespace {
+using Factory = std::function<SemiringPtr(int64_t k)>;
+const std::map<std::string, Factory>& factories() {
+  static const std::map<std::string, Factory> table = {
+      {"real", [](int64_t) { return std::make_shared<RealSemiring>(); }},
+      {"abs", [](int64_t) { return std::make_shared<AbsSemiring>(); }},
+      {"count", [](int64_t) { return std::make_shared<CountSemiring>(); }},
+      {"log", [](int64_t) { return std::make_shared<LogSemiring>(); }},
+      {"max_abs", [](int64_t) { return std::make_shared<MaxAbsSemiring>(); }},
+      {"viterbi", [](int64_t) { return std::make_shared<ViterbiSemiring>(); }},
+      {"max_prod", [](int64_t) { return std::make_shared<MaxProdSemiring>(); }},
+      {"entropy", [](int64_t) { return std::make_shared<EntropySemiring>(); }},
+      {"kmax", [](int64_t k) { return std::make_shared<KMaxSemiring>(k); }},
+  };
+  return table;
+}
+}  // namespace
+
+std::vector<std::string> semiring_names() {
+  std::vector<std::string> names;
+  for (auto& kv : factories()) names.push_back(kv.first);
+  return names;
+}
+
+SemiringPtr make_semiring(const std::string& name, int64_t k) {
+  auto it = factories().find(name);
+  if (it == factories().end()) {
+    std::string valid;
+    for (auto& n : semiring_names()) valid += (valid.empty() ? "" : ", ") + n;
+    TORCH_CHECK_VALUE(false, "torch_semiring: unknown semiring '", name, "'. Valid names: ", valid,
+                      " (or pass a Python semiring object).");
+  }
+  return it->second(k);
+}
+
+SemiringPtr make_product(std::vector<SemiringPtr> parts) {
+  return std::make_shared<ProductSemiring>(std::move(parts));
+}
+
+std::vector<Tensor> split_product_value(const Semiring& product, const Tensor& v) {
+  auto p = dynamic_cast<const ProductSemiring*>(&product);
+  TORCH_CHECK(p, "torch_semiring: ", product.name(), " is not a product semiring");
+  return p->split(v);
+}
+
+std::vector<SemiringPtr> product_parts(const Semiring& s) {
+  auto p = dynamic_cast<const ProductSemiring*>(&s);
+  return p ? p->parts() : std::vector<SemiringPtr>{};
+}
+
+}  // namespace torch_semiring

@@ -1,0 +1,93 @@
+// The semiring interface every rule and the engine are written against.
+//
+// Value convention (torch-struct's): the semiring value of a tensor of shape S
+// is ONE tensor of shape (C, *S), its C components stacked along a leading
+// dimension (C = 1 for real/log/…, 2 for the max_prod and entropy pairs, k for
+// kmax). An undefined at::Tensor stands for "semiring zero everywhere" and lets
+// the engine skip work for unreached tensors.
+//
+// A concrete semiring implements the element-wise primitives (do_*). Matrix
+// products and scatters have generic defaults composed from those primitives
+// (blocked, so no M·K·N temporary is ever built); a semiring overrides them
+// only when it has something faster.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace torch_semiring {
+
+using at::Tensor;
+
+class Semiring {
+ public:
+  virtual ~Semiring() = default;
+
+  virtual std::string name() const = 0;
+  // Number of stacked components C of a value.
+  virtual int64_t components() const = 0;
+  // True when the zero is 0 in every component, so "fill with zeros" (what a
+  // stock backward does for unreached positions) is already the semiring zero.
+  virtual bool zero_is_numeric_zero() const { return false; }
+
+  // ---- element-wise primitives; all shapes broadcast over element dims -----
+  Tensor zero(at::IntArrayRef shape, const at::TensorOptions& opts) const;
+  Tensor one(at::IntArrayRef shape, const at::TensorOptions& opts) const;
+  // Edge weight of a local derivative w (a plain tensor): (C, *w.shape).
+  // lift(0) is always the zero: a zero-weight edge does not exist.
+  Tensor lift(const Tensor& w) const { return do_lift(w); }
+  Tensor otimes(const Tensor& a, const Tensor& b) const;
+  // a ⊗ lift(w) for a value a and a plain local-derivative tensor w.
+  Tensor otimes_edge(const Tensor& a, const Tensor& w) const;
+  Tensor oplus(const Tensor& a, const Tensor& b) const;
+  // ⊕ over element dims `dims` (0-based, not counting the component dim).
+  Tensor oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const;
+  // What the user sees per element: shape S (kmax: (*S, k)).
+  virtual Tensor readout(const Tensor& v) const = 0;
+
+  // ---- composite operations (generic defaults) -----------------------------
+  // g: (C, *batch, M, K) value, w: (*batch, K, N) plain tensor →
+  // (C, *batch, M, N) with out[m,n] = ⊕_k g[m,k] ⊗ lift(w[k,n]).
+  virtual Tensor matmul(const Tensor& g, const Tensor& w) const;
+  // src: (C, n) values, index: (n,) int64 into [0, numel) →
+  // (C, numel) with out[i] = ⊕_{j: index[j]=i} src[j] (zero where none).
+  virtual Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const;
+
+ protected:
+  virtual Tensor do_zero(at::IntArrayRef shape, const at::TensorOptions& opts) const = 0;
+  virtual Tensor do_one(at::IntArrayRef shape, const at::TensorOptions& opts) const = 0;
+  virtual Tensor do_lift(const Tensor& w) const = 0;
+  virtual Tensor do_otimes(const Tensor& a, const Tensor& b) const = 0;
+  virtual Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const { return do_otimes(a, do_lift(w)); }
+  virtual Tensor do_oplus(const Tensor& a, const Tensor& b) const = 0;
+  virtual Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef value_dims, bool keepdim) const = 0;
+};
+
+using SemiringPtr = std::shared_ptr<const Semiring>;
+
+// ---- helpers shared by semirings, rules and the engine ----------------------
+
+// View of a plain tensor t with leading singleton dims so it has `rank` dims.
+Tensor pad_rank(const Tensor& t, int64_t rank);
+// The same for a value: element rank raised to `rank`, component dim kept first.
+Tensor pad_value_rank(const Tensor& v, int64_t rank);
+// Element dims of a value, shifted past the component dim.
+std::vector<int64_t> value_dims(at::IntArrayRef element_dims);
+// Splits a value into its components (each of element shape).
+std::vector<Tensor> components_of(const Tensor& v);
+// A full tensor of shape (C, *shape) holding `per_component[c]` in component c.
+Tensor constant_value(const std::vector<double>& per_component, at::IntArrayRef shape,
+                      const at::TensorOptions& opts);
+
+// Name → semiring. `k` is the kmax parameter (ignored elsewhere).
+SemiringPtr make_semiring(const std::string& name, int64_t k);
+std::vector<std::string> semiring_names();
+// One pass for several semirings: values are the parts concatenated along dim 0.
+SemiringPtr make_product(std::vector<SemiringPtr> parts);
+std::vector<Tensor> split_product_value(const Semiring& product, const Tensor& v);
+std::vector<SemiringPtr> product_parts(const Semiring& s);
+
+}  // namespace torch_semiring

@@ -1,0 +1,257 @@
+"""``ts.grad`` and semiring ``.backward()``: argument checking, seeding and
+read-out around the C++ engine (``_C.run_backward``), and the ⊕-accumulation
+into ``.grad`` that happens only after the whole pass succeeded."""
+from __future__ import annotations
+
+import weakref
+from typing import Any, Optional, Sequence
+
+import torch
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+from torch.utils.weak import WeakIdKeyDictionary
+
+from . import _C
+from .semirings import Part, Resolved, resolve
+
+# ---- argument handling --------------------------------------------------------
+
+
+def _as_tuple(x) -> tuple:
+    if isinstance(x, (torch.Tensor, GradientEdge)):
+        return (x,)
+    if x is None:
+        return ()
+    return tuple(x)
+
+
+def _check_real_floating(t: torch.Tensor, what: str) -> None:
+    if t.is_complex() or not t.is_floating_point():
+        raise TypeError(
+            f"torch_semiring: {what} has dtype {t.dtype}; semiring backprop is defined for real "
+            f"floating-point tensors (float16/bfloat16/float32/float64). Convert it with .double() "
+            f"or .float()."
+        )
+
+
+def _edge_of(t: Any, what: str) -> tuple:
+    """(node, input_nr) of a tensor or GradientEdge — where its value arrives."""
+    if isinstance(t, GradientEdge):
+        return (t.node, t.output_nr)
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"torch_semiring: {what} must be a Tensor or GradientEdge, got {type(t).__name__}")
+    _check_real_floating(t, what)
+    if not t.requires_grad:
+        raise RuntimeError(f"torch_semiring: {what} does not require grad and does not have a grad_fn")
+    edge = get_gradient_edge(t)
+    return (edge.node, edge.output_nr)
+
+
+def _shape_of(t: Any) -> tuple:
+    if isinstance(t, torch.Tensor):
+        return tuple(t.shape)
+    node = t.node
+    if hasattr(node, "variable"):
+        return tuple(node.variable.shape)
+    return tuple(node._input_metadata[t.output_nr].shape)
+
+
+def _like_of(t: Any) -> torch.Tensor:
+    if isinstance(t, torch.Tensor):
+        return t
+    node = t.node
+    if hasattr(node, "variable"):
+        return node.variable
+    meta = node._input_metadata[t.output_nr]
+    return torch.empty(0, dtype=meta.dtype, device=meta.device)
+
+
+def _roots_and_seeds(sr: Resolved, outputs: tuple, grad_outputs: Optional[Sequence]):
+    if grad_outputs is None:
+        grad_outputs = (None,) * len(outputs)
+    grad_outputs = _as_tuple(grad_outputs) if not isinstance(grad_outputs, (list, tuple)) else tuple(grad_outputs)
+    if len(grad_outputs) != len(outputs):
+        raise ValueError(
+            f"torch_semiring: grad_outputs has {len(grad_outputs)} entries but there are {len(outputs)} outputs"
+        )
+    roots, seeds = [], []
+    for i, (out, go) in enumerate(zip(outputs, grad_outputs)):
+        if isinstance(out, GradientEdge):
+            raise TypeError("torch_semiring: outputs must be tensors (GradientEdges are accepted as inputs)")
+        roots.append(_edge_of(out, f"outputs[{i}]"))
+        if go is None:
+            # Every output element is seeded with the semiring one (SPEC §1).
+            seeds.append(sr.handle.one(list(out.shape), out.detach()))
+            continue
+        if not isinstance(go, torch.Tensor):
+            raise TypeError(f"torch_semiring: grad_outputs[{i}] must be a Tensor or None, got {type(go).__name__}")
+        _check_real_floating(go, f"grad_outputs[{i}]")
+        if go.shape != out.shape:
+            raise RuntimeError(
+                f"torch_semiring: mismatch in shape: grad_outputs[{i}] has shape {tuple(go.shape)} "
+                f"but outputs[{i}] has shape {tuple(out.shape)}"
+            )
+        # grad_output entries are weights of edges to a virtual sink: lifted.
+        seeds.append(sr.handle.lift(go.to(out.dtype)))
+    return roots, seeds
+
+
+def _run(sr: Resolved, outputs, grad_outputs, targets, retain_graph, create_graph, collect_leaves):
+    roots, seeds = _roots_and_seeds(sr, outputs, grad_outputs)
+    keep = create_graph if retain_graph is None else retain_graph
+    with torch.set_grad_enabled(create_graph):
+        return _C.run_backward(sr.handle, roots, seeds, targets, bool(keep), bool(create_graph), collect_leaves)
+
+
+# ---- ts.grad --------------------------------------------------------------------
+
+
+def grad(
+    outputs,
+    inputs,
+    grad_outputs=None,
+    *,
+    semiring: Any = "real",
+    retain_graph: Optional[bool] = None,
+    create_graph: bool = False,
+    allow_unused: Optional[bool] = None,
+    raw: bool = False,
+    **params,
+):
+    """Semiring values of ``inputs`` w.r.t. ``outputs`` (like ``torch.autograd.grad``).
+
+    Returns a tuple of readouts shaped like ``inputs`` (kmax: ``(*shape, k)``),
+    or, for several semirings ``semiring=("viterbi", "entropy")``, one such
+    tuple per semiring from a single graph walk. ``raw=True`` returns the raw
+    semiring values (shape ``(C, *shape)``) instead of readouts.
+    """
+    sr = resolve(semiring, **params)
+    outputs = _as_tuple(outputs)
+    inputs = _as_tuple(inputs)
+    if not outputs:
+        raise ValueError("torch_semiring: grad needs at least one output")
+    if not inputs:
+        raise ValueError("torch_semiring: grad needs at least one input")
+    targets = [_edge_of(x, f"inputs[{i}]") for i, x in enumerate(inputs)]
+    captured, in_graph, _, _ = _run(sr, outputs, grad_outputs, targets, retain_graph, create_graph, False)
+    per_part: list[list] = [[] for _ in sr.parts]
+    for i, (x, value, used) in enumerate(zip(inputs, captured, in_graph)):
+        if not used:
+            if not allow_unused:
+                raise RuntimeError(
+                    f"torch_semiring: inputs[{i}] appears to not have been used in the graph. "
+                    "Set allow_unused=True if this is the desired behavior."
+                )
+            for out in per_part:
+                out.append(None)
+            continue
+        if value is None:  # reached only through zero weights: the semiring zero
+            value = sr.handle.zero(list(_shape_of(x)), _like_of(x))
+        for part, out, v in zip(sr.parts, per_part, sr.split(value)):
+            out.append(v if raw else part.handle.readout(v))
+    results = tuple(tuple(r) for r in per_part)
+    return results if sr.is_product else results[0]
+
+
+# ---- .backward() in a semiring ------------------------------------------------
+
+# leaf → (semiring key, raw value, the .grad tensor we stored, its version):
+# lets a later pass ⊕ into the raw value when the readout alone loses
+# information (max_prod keeps m, entropy keeps (log Z, R/Z)).
+_accumulated: WeakIdKeyDictionary = WeakIdKeyDictionary()
+# retain_grad() tensors, registered by torch_integration's retain_grad wrapper.
+_retained: dict[int, weakref.ref] = {}
+
+
+def _register_retained(t: torch.Tensor) -> None:
+    key = id(t)
+    _retained[key] = weakref.ref(t, lambda _ref, key=key: _retained.pop(key, None))
+
+
+def _accumulated_value(part: Part, t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """⊕ of t's previous semiring .grad (as a raw value) and this pass's value."""
+    if t.grad is None:
+        return value
+    state = _accumulated.get(t)
+    if state is not None and state[0] == part.key and state[2] is t.grad and state[3] == t.grad._version:
+        return part.handle.oplus(state[1], value)
+    previous = part.from_readout(t.grad)
+    if previous is None:
+        raise RuntimeError(
+            f"torch_semiring: cannot ⊕-accumulate the {part.name} semiring into an existing .grad of a "
+            f"tensor of shape {tuple(t.shape)}: .grad holds only the readout, which loses part of a "
+            f"{part.name} value, and it was not written by a {part.name} pass. Set .grad = None first "
+            f"(e.g. optimizer.zero_grad()) or use torch_semiring.grad()."
+        )
+    return part.handle.oplus(previous.to(value.dtype), value)
+
+
+def backward(
+    tensors,
+    grad_tensors=None,
+    retain_graph: Optional[bool] = None,
+    create_graph: bool = False,
+    inputs=None,
+    *,
+    semiring: Any = None,
+    **params,
+) -> None:
+    """``.backward()`` in a semiring: ⊕-accumulates readouts into ``.grad``.
+
+    Leaves (or ``inputs``) and ``retain_grad()`` tensors get
+    ``.grad = readout(previous ⊕ this pass)``; nothing is written unless the
+    whole pass succeeds. Post-accumulate-grad hooks run afterwards. Ordinary
+    tensor hooks (``register_hook``) are for real gradients and are not called.
+    """
+    from .mode import get_semiring
+
+    sr = resolve(semiring, **params) if semiring is not None else get_semiring()
+    if sr is None:
+        raise RuntimeError("torch_semiring: backward() needs a semiring (argument or ts.semiring(...) mode)")
+    if sr.is_product:
+        raise RuntimeError(
+            "torch_semiring: several semirings cannot share one .grad; use "
+            f"torch_semiring.grad(..., semiring={tuple(p.name for p in sr.parts)!r})"
+        )
+    part = sr.parts[0]
+    if part.name == "kmax":
+        raise RuntimeError(
+            "torch_semiring: kmax readouts have shape (*x.shape, k) and cannot be stored in .grad; "
+            "use torch_semiring.grad(outputs, inputs, semiring='kmax', k=...)"
+        )
+    outputs = _as_tuple(tensors)
+    explicit = inputs is not None
+    wanted = list(_as_tuple(inputs)) if explicit else []
+    if explicit and not wanted:
+        raise RuntimeError("torch_semiring: 'inputs' argument to backward() cannot be empty")
+    for i, x in enumerate(wanted):
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"torch_semiring: backward(inputs=...) takes tensors, got {type(x).__name__}")
+    retained = [] if explicit else [t for t in (r() for r in list(_retained.values()))
+                                    if t is not None and t.retains_grad and t.grad_fn is not None]
+    receivers = wanted + retained
+    targets = [_edge_of(x, f"inputs[{i}]") for i, x in enumerate(receivers)]
+    captured, in_graph, leaves, leaf_values = _run(
+        sr, outputs, grad_tensors, targets, retain_graph, create_graph, collect_leaves=not explicit
+    )
+    updates: list[tuple[torch.Tensor, torch.Tensor]] = []
+    for t, value, used in zip(receivers, captured, in_graph):
+        if used:
+            if value is None:
+                value = sr.handle.zero(list(t.shape), t)
+            updates.append((t, value))
+    updates.extend(zip(leaves, leaf_values))
+    # Compute every new .grad first, so a failure leaves all .grad untouched.
+    staged = []
+    for t, value in updates:
+        raw = _accumulated_value(part, t, value)
+        readout = part.handle.readout(raw)
+        if not create_graph:
+            readout = readout.detach()
+        staged.append((t, raw, readout.to(t.dtype)))
+    for t, raw, readout in staged:
+        t.grad = readout
+        _accumulated[t] = (part.key, raw.detach() if not create_graph else raw, t.grad, t.grad._version)
+    for t, _, _ in staged:
+        if t.is_leaf and t._post_accumulate_grad_hooks:
+            for hook in list(t._post_accumulate_grad_hooks.values()):
+                hook(t)

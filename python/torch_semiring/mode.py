@@ -1,0 +1,40 @@
+"""The thread-local semiring mode: ``with ts.semiring("max_prod"): loss.backward()``.
+
+While a mode is set on a thread, ``Tensor.backward``, ``torch.autograd.backward``
+and ``torch.autograd.grad`` called on that thread run the semiring engine
+(see :mod:`torch_semiring.torch_integration`).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator
+
+from .semirings import Resolved, resolve
+
+_state = threading.local()
+
+
+def get_semiring() -> Resolved | None:
+    """The semiring set on this thread, or None (stock autograd)."""
+    return getattr(_state, "semiring", None)
+
+
+def set_semiring(spec: Any = None, **params) -> None:
+    """Set (or with None, clear) this thread's semiring mode."""
+    _state.semiring = None if spec is None else resolve(spec, **params)
+
+
+@contextlib.contextmanager
+def semiring(spec: Any, **params) -> Iterator[Resolved]:
+    """Run ``.backward()`` / ``torch.autograd.grad`` in a semiring on this thread.
+
+    The previous mode is restored on exit, exceptions included.
+    """
+    previous = get_semiring()
+    resolved = resolve(spec, **params)
+    _state.semiring = resolved
+    try:
+        yield resolved
+    finally:
+        _state.semiring = previous

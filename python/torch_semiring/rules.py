@@ -1,0 +1,64 @@
+"""Registering semiring rules from Python: ``ts.register_rule``.
+
+A rule is the semiring analogue of a backward: given the semiring values at a
+node's outputs it returns one value per node input (``next_functions``)::
+
+    def rule(node, grads, semiring, needed):
+        # node: the grad_fn (C++ node or autograd.Function ctx)
+        # grads: one raw value per node output, shape (C, *output_shape), or None (= zero)
+        # semiring: the semiring handle (lift, otimes, otimes_edge, oplus, oplus_reduce, matmul, …)
+        # needed: needed[i] is True when input i leads to a requested input
+        return [value_or_None for each input]
+
+Values may keep the broadcast shape of the forward op: the engine ⊕-reduces
+them to each input's shape.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from . import _C
+
+
+def register_rule(target: Any, rule: Callable) -> None:
+    """Register ``rule`` for an autograd node type.
+
+    ``target`` is a node name (``"MulBackward0"``, as ``grad_fn.name()`` shows)
+    or a ``torch.autograd.Function`` subclass, whose nodes are named
+    ``<ClassName>Backward``. A later registration replaces an earlier one
+    (also a built-in rule).
+    """
+    if isinstance(target, str):
+        _C.register_rule(target, rule, "user")
+        return
+    if isinstance(target, type) and issubclass(target, torch.autograd.Function):
+        cls = target
+        name = cls.__name__ + "Backward"
+
+        def checked(node, grads, semiring, needed):
+            forward_cls = getattr(type(node), "_forward_cls", None)
+            if forward_cls is not cls:
+                raise RuntimeError(
+                    f"torch_semiring: node {name} belongs to {forward_cls!r}, but the rule registered "
+                    f"under that name is for {cls!r}; two autograd.Function classes share a name — "
+                    f"rename one or register the rule by node name"
+                )
+            return rule(node, grads, semiring, needed)
+
+        _C.register_rule(name, checked, "user")
+        return
+    raise TypeError(
+        "torch_semiring.register_rule takes a node name (str) or a torch.autograd.Function subclass, "
+        f"got {type(target).__name__}"
+    )
+
+
+def has_rule(node_name: str) -> bool:
+    return _C.has_rule(node_name)
+
+
+def registered_rules() -> dict[str, str]:
+    """Node name → rule family ('pointwise', 'placement', 'matmul', …, 'user')."""
+    return dict(_C.registered_rules())

@@ -1,0 +1,95 @@
+"""Naming semirings: strings, parameters, Python-defined ones, products.
+
+A *spec* is what users pass (``"viterbi"``, ``("viterbi", "entropy")``, a
+Python semiring object); :func:`resolve` turns it into a :class:`Resolved` —
+the C++ semiring handle the engine runs, plus the parts whose readouts the
+caller gets back.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from . import _C
+
+#: Semirings whose per-element readout is the whole value, so an existing
+#: ``.grad`` can be turned back into a value and ⊕-accumulated.
+_READOUT_IS_VALUE = {"real", "abs", "count", "log", "max_abs", "viterbi"}
+
+
+def semirings() -> list[str]:
+    """The names of the built-in semirings (see the README's table)."""
+    return list(_C.semiring_names())
+
+
+@dataclass(frozen=True)
+class Part:
+    """One semiring of a (possibly product) run."""
+
+    name: str
+    key: tuple  # identifies the semiring and its parameters
+    handle: Any  # _C.Semiring
+    python_object: Any = None  # the user's object for Python semirings
+
+    def from_readout(self, grad):
+        """The value whose readout is ``grad`` (None when the readout loses information)."""
+        if self.name in _READOUT_IS_VALUE:
+            return grad.unsqueeze(0)
+        if self.python_object is not None and hasattr(self.python_object, "from_readout"):
+            return self.python_object.from_readout(grad)
+        return None
+
+
+@dataclass(frozen=True)
+class Resolved:
+    handle: Any  # the _C.Semiring the engine runs (a product when several parts)
+    parts: tuple[Part, ...]
+
+    @property
+    def is_product(self) -> bool:
+        return len(self.parts) > 1
+
+    def split(self, value):
+        """A raw value of ``handle`` → one raw value per part."""
+        return list(self.handle.split(value)) if self.is_product else [value]
+
+
+def _resolve_one(spec: Any, params: dict) -> Part:
+    if isinstance(spec, Part):
+        return spec
+    if isinstance(spec, str):
+        if spec == "kmax":
+            k = params.get("k", 1)
+            if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+                raise ValueError(f"torch_semiring: kmax needs an integer k >= 1, got k={k!r}")
+            return Part("kmax", ("kmax", k), _C.make_semiring("kmax", k))
+        if params:
+            raise TypeError(f"torch_semiring: semiring '{spec}' takes no parameters, got {sorted(params)}")
+        return Part(spec, (spec,), _C.make_semiring(spec))
+    if isinstance(spec, _C.Semiring):
+        return Part(spec.name, ("handle", id(spec)), spec)
+    if hasattr(spec, "oplus") and hasattr(spec, "otimes"):
+        handle = _C.python_semiring(spec)
+        return Part(handle.name, ("python", id(spec)), handle, spec)
+    raise TypeError(
+        f"torch_semiring: a semiring is a name ({', '.join(semirings())}), a tuple of them, "
+        f"or an object with the semiring methods; got {type(spec).__name__}"
+    )
+
+
+def resolve(spec: Any, **params) -> Resolved:
+    if isinstance(spec, Resolved):
+        return spec
+    if isinstance(spec, (tuple, list)):
+        if not spec:
+            raise ValueError("torch_semiring: an empty tuple of semirings")
+        parts = tuple(_resolve_one(s, params if s == "kmax" else {}) for s in spec)
+        if len(parts) == 1:
+            return Resolved(parts[0].handle, parts)
+        return Resolved(_C.make_product([p.handle for p in parts]), parts)
+    part = _resolve_one(spec, params)
+    return Resolved(part.handle, (part,))
+
+
+def describe(spec: Sequence[Part]) -> str:
+    return ", ".join(p.name for p in spec)
