@@ -190,6 +190,7 @@ void register_builtin_rules() {
   register_rule("LogsumexpBackward0", reduction_rule(reduced_by_fields<LogsumexpBackward0>), "reduction");
   register_rule("NormBackward0", reduction_rule(reduced_all), "reduction");
   register_rule("NormBackward1", reduction_rule(reduced_by_fields<NormBackward1>), "reduction");
+  register_rule("LinalgVectorNormBackward0", reduction_rule(reduced_by_fields<LinalgVectorNormBackward0>), "reduction");
   register_rule("StdBackward0", reduction_rule(reduced_by_fields<StdBackward0>), "reduction");
   register_rule("VarBackward0", reduction_rule(reduced_by_fields<VarBackward0>), "reduction");
 

@@ -120,7 +120,7 @@ Tensor Semiring::scatter_oplus(const Tensor& src, const Tensor& index, int64_t n
   auto out = zero({numel}, src.options());
   const int64_t n = index.numel();
   if (n == 0) return out;
-  auto sorted = index.sort(/*stable=*/true);
+  auto sorted = index.sort(std::optional<bool>(true), /*dim=*/0, /*descending=*/false);
   auto keys = std::get<0>(sorted), order = std::get<1>(sorted);
   auto pos = at::arange(n, index.options());
   auto starts = at::ones({n}, index.options().dtype(at::kBool));
