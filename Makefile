@@ -1,0 +1,36 @@
+# torch-semiring — build, test, demo, benchmarks. Everything runs in .venv.
+PYTHON ?= python3
+VENV   := .venv
+VPY    := $(VENV)/bin/python
+DEPS   := $(VENV)/.deps-installed
+# The CPU wheel of torch 2.13.0 (never a CUDA build: several GB).
+PIP_DEPS := torch==2.13.0 numpy pytest hypothesis ninja pyyaml setuptools wheel
+
+.PHONY: build test demo bench cmake-build clean
+
+$(DEPS): Makefile
+	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
+	$(VPY) -m pip install -q --disable-pip-version-check $(PIP_DEPS)
+	touch $(DEPS)
+
+# Builds torch_semiring._C in place (python/torch_semiring/) and puts
+# python/ on the venv's path.
+build: $(DEPS)
+	MAX_JOBS=2 $(VPY) setup.py -q build_ext --inplace
+	$(VPY) -c "import site, os; open(os.path.join(site.getsitepackages()[0], 'torch_semiring_dev.pth'), 'w').write(os.path.abspath('python') + '\n')"
+
+test: build
+	$(VPY) -m pytest -q -p no:cacheprovider tests
+
+demo: build
+	$(VPY) -m torch_semiring demo
+
+bench: build
+	$(VPY) benchmarks/run.py
+
+# The same sources through CMake (for IDEs / C++ tooling); not needed by setup.py.
+cmake-build: $(DEPS)
+	cmake -S . -B build/cmake -G Ninja -DPython_EXECUTABLE=$(abspath $(VPY)) && cmake --build build/cmake
+
+clean:
+	rm -rf build python/torch_semiring/_C*.so
