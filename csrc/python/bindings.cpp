@@ -100,6 +100,13 @@ Rule python_rule(py::function fn) {
   };
 }
 
+// Names whose rules hold Python callables: released at interpreter exit, while
+// the GIL still exists (a static registry would destroy them too late).
+std::vector<std::string>& python_rule_names() {
+  static std::vector<std::string> names;
+  return names;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -160,7 +167,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
 
   m.def("register_rule", [](const std::string& name, py::function fn, const std::string& family) {
     register_rule(name, python_rule(std::move(fn)), family);
+    python_rule_names().push_back(name);
   }, py::arg("node_name"), py::arg("rule"), py::arg("family") = "user");
+  m.def("release_python_objects", [] {
+    for (const auto& name : python_rule_names()) unregister_rule(name);
+    python_rule_names().clear();
+    set_log_sink(nullptr);
+  });
+  m.def("restore_builtin_rules", &register_builtin_rules);
   m.def("registered_rules", &registered_rules);
   m.def("has_rule", [](const std::string& name) { return find_rule(name) != nullptr; });
   m.def("set_log_sink", [](py::object sink) {

@@ -22,6 +22,8 @@ void register_rule(const std::string& node_name, Rule rule, const std::string& f
   table()[node_name] = RuleEntry{std::move(rule), family};
 }
 
+void unregister_rule(const std::string& node_name) { table().erase(node_name); }
+
 const RuleEntry* find_rule(const std::string& node_name) {
   auto it = table().find(node_name);
   return it == table().end() ? nullptr : &it->second;

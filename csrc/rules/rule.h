@@ -50,6 +50,7 @@ struct RuleEntry {
 };
 
 void register_rule(const std::string& node_name, Rule rule, const std::string& family);
+void unregister_rule(const std::string& node_name);
 const RuleEntry* find_rule(const std::string& node_name);
 std::vector<std::pair<std::string, std::string>> registered_rules();  // (node name, family)
 

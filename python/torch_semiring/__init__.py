@@ -9,6 +9,7 @@ See README.md for the semirings, the graph semantics and how to add rules.
 """
 from __future__ import annotations
 
+import atexit as _atexit
 import logging as _logging
 import os as _os
 
@@ -49,3 +50,5 @@ if _os.environ.get("TORCH_SEMIRING_LOGS", "") not in ("", "0"):
     set_logging(True)
 
 _install()
+# Rules and log sinks may hold Python callables; drop them while Python lives.
+_atexit.register(_C.release_python_objects)

@@ -174,15 +174,14 @@ def _accumulated_value(part: Part, t: torch.Tensor, value: torch.Tensor) -> torc
     state = _accumulated.get(t)
     if state is not None and state[0] == part.key and state[2] is t.grad and state[3] == t.grad._version:
         return part.handle.oplus(state[1], value)
-    previous = part.from_readout(t.grad)
-    if previous is None:
-        raise RuntimeError(
-            f"torch_semiring: cannot ⊕-accumulate the {part.name} semiring into an existing .grad of a "
-            f"tensor of shape {tuple(t.shape)}: .grad holds only the readout, which loses part of a "
-            f"{part.name} value, and it was not written by a {part.name} pass. Set .grad = None first "
-            f"(e.g. optimizer.zero_grad()) or use torch_semiring.grad()."
-        )
-    return part.handle.oplus(previous.to(value.dtype), value)
+    if part.name == "real":  # a stock gradient: real ⊕ is the stock +
+        return part.handle.oplus(t.grad.to(value.dtype).unsqueeze(0), value)
+    raise RuntimeError(
+        f"torch_semiring: cannot ⊕-accumulate semiring '{part.name}' into the existing .grad of a "
+        f"tensor of shape {tuple(t.shape)}: that .grad was not written by a '{part.name}' pass (or was "
+        f"changed since), so its semiring value is unknown. Set .grad = None first "
+        f"(e.g. optimizer.zero_grad()) or use torch_semiring.grad()."
+    )
 
 
 def backward(

@@ -12,11 +12,6 @@ from typing import Any, Sequence
 
 from . import _C
 
-#: Semirings whose per-element readout is the whole value, so an existing
-#: ``.grad`` can be turned back into a value and ⊕-accumulated.
-_READOUT_IS_VALUE = {"real", "abs", "count", "log", "max_abs", "viterbi"}
-
-
 def semirings() -> list[str]:
     """The names of the built-in semirings (see the README's table)."""
     return list(_C.semiring_names())
@@ -30,14 +25,6 @@ class Part:
     key: tuple  # identifies the semiring and its parameters
     handle: Any  # _C.Semiring
     python_object: Any = None  # the user's object for Python semirings
-
-    def from_readout(self, grad):
-        """The value whose readout is ``grad`` (None when the readout loses information)."""
-        if self.name in _READOUT_IS_VALUE:
-            return grad.unsqueeze(0)
-        if self.python_object is not None and hasattr(self.python_object, "from_readout"):
-            return self.python_object.from_readout(grad)
-        return None
 
 
 @dataclass(frozen=True)
