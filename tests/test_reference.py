@@ -523,7 +523,7 @@ BINARY_OPS = {
 
 
 @st.composite
-def random_programs(draw):
+def random_programs(draw, unary_ops=UNARY_OPS, binary_ops=BINARY_OPS):
     """A random forward program: leaves, ops over a growing pool, maybe grad_outputs."""
     n_leaves = draw(st.integers(1, 3))
     leaves = []
@@ -538,10 +538,10 @@ def random_programs(draw):
     pool = n_leaves
     for _ in range(n_ops):
         if draw(st.booleans()):
-            name = draw(st.sampled_from(sorted(UNARY_OPS)))
+            name = draw(st.sampled_from(sorted(unary_ops)))
             ops.append((name, (draw(st.integers(0, pool - 1)),)))
         else:
-            name = draw(st.sampled_from(sorted(BINARY_OPS)))
+            name = draw(st.sampled_from(sorted(binary_ops)))
             ops.append(
                 (name, (draw(st.integers(0, pool - 1)), draw(st.integers(0, pool - 1))))
             )
@@ -552,12 +552,12 @@ def random_programs(draw):
     return leaves, ops, grad_output
 
 
-def run_program(program):
+def run_program(program, unary_ops=UNARY_OPS, binary_ops=BINARY_OPS):
     leaves, ops, grad_output = program
     tensors = [torch.tensor(v, dtype=D).reshape(s).requires_grad_() for s, v in leaves]
     inputs = list(tensors)
     for name, args in ops:
-        fn = UNARY_OPS.get(name) or BINARY_OPS[name]
+        fn = unary_ops.get(name) or binary_ops[name]
         tensors.append(fn(*(tensors[i] for i in args)))
     out = tensors[-1]
     grad_outputs = None
