@@ -86,6 +86,14 @@ Reduced reduced_by_fields(Node& n) {
   return {as_dims(f.dim), f.keepdim};
 }
 Reduced reduced_all(Node&) { return {{}, false}; }
+// nll_loss: each log-probability feeds the loss of its own sample (reduction
+// 'none': the class dim is reduced) or the single scalar loss.
+template <class N>
+Reduced reduced_by_nll_loss(Node& n) {
+  auto& f = static_cast<N&>(n);
+  if (f.reduction != 0 || f.self_.unpack().dim() == 1) return {{}, false};
+  return {{1}, false};
+}
 
 Rule reduction_rule(Reduced (*reduced)(Node&)) {
   return [reduced](const RuleContext& ctx, const std::vector<Tensor>& grads) -> std::vector<Tensor> {
@@ -112,22 +120,43 @@ Rule reduction_rule(Reduced (*reduced)(Node&)) {
 }
 
 // ---- selection: every output element copies one input element (indexing,
-// index_select, gather); inputs may be picked several times, so their values
-// are ⊕-scattered. Which input element each output copies is found by running
-// the forward selection on the input's flat positions.
-Rule selection_rule(Tensor (*select)(Node&, const Tensor& positions)) {
-  return [select](const RuleContext& ctx, const std::vector<Tensor>& grads) -> std::vector<Tensor> {
+// index_select, gather, embedding); inputs may be picked several times, so
+// their values are ⊕-scattered. Which input element each output copies is
+// found by running the forward selection on the input's flat positions. An
+// optional per-output weight covers embedding's padding_idx (weight 0: no
+// edge) and scale_grad_by_freq.
+using Positions = Tensor (*)(Node&, const Tensor& positions);
+using Weights = Tensor (*)(const RuleContext&);
+Rule selection_rule(Positions select, Weights weigh = nullptr) {
+  return [select, weigh](const RuleContext& ctx, const std::vector<Tensor>& grads) -> std::vector<Tensor> {
     if (!ctx.needs(0)) return {};
     const auto in_shape = ctx.input_shape(0);
     const int64_t numel = c10::multiply_integers(in_shape);
     auto positions = at::arange(numel, at::TensorOptions().dtype(at::kLong)).view(in_shape);
     auto source = select(ctx.node, positions).reshape(-1);
-    const auto& g = grads[0];
+    Tensor g = grads[0];
+    if (weigh) g = ctx.semiring.otimes_edge(g, weigh(ctx).to(g.scalar_type()));
     auto out = ctx.semiring.scatter_oplus(g.reshape({g.size(0), -1}), source, numel);
     std::vector<int64_t> shape{g.size(0)};
     shape.insert(shape.end(), in_shape.begin(), in_shape.end());
     return {out.view(shape)};
   };
+}
+Tensor embedding_positions(Node& n, const Tensor& p) {
+  auto indices = static_cast<EmbeddingBackward0&>(n).indices_.unpack();
+  auto shape = indices.sizes().vec();
+  shape.push_back(p.size(1));
+  return p.index_select(0, indices.reshape(-1)).view(shape);
+}
+Tensor embedding_weights(const RuleContext& ctx) {
+  auto& n = static_cast<EmbeddingBackward0&>(ctx.node);
+  auto indices = n.indices_.unpack();
+  auto w = indices.ne(n.padding_idx.expect_int()).to(ctx.output_options(0).dtype());
+  if (n.scale_grad_by_freq) {
+    auto counts = at::bincount(indices.reshape(-1), {}, n.weight_sym_argsize_0.expect_int());
+    w = w / counts.index_select(0, indices.reshape(-1)).view(indices.sizes()).to(w.scalar_type());
+  }
+  return w.unsqueeze(-1);
 }
 Tensor index_positions(Node& n, const Tensor& p) {
   auto& f = static_cast<IndexBackward0&>(n);
@@ -167,7 +196,11 @@ const char* const kInjective[] = {
 
 }  // namespace
 
+// hand-written rules, one file per concept
 void register_linear_algebra_rules();  // linear_algebra.cpp
+void register_softmax_rules();         // softmax.cpp
+void register_normalization_rules();   // normalization.cpp
+void register_attention_rules();       // attention.cpp
 
 void register_builtin_rules() {
   for (const char* name : kPointwiseNodes) register_rule(name, pointwise_rule, "pointwise");
@@ -198,7 +231,14 @@ void register_builtin_rules() {
   register_rule("IndexSelectBackward0", selection_rule(index_select_positions), "selection");
   register_rule("GatherBackward0", selection_rule(gather_positions), "selection");
 
+  register_rule("NllLossBackward0", reduction_rule(reduced_by_nll_loss<NllLossBackward0>), "reduction");
+  register_rule("NllLoss2DBackward0", reduction_rule(reduced_by_nll_loss<NllLoss2DBackward0>), "reduction");
+  register_rule("EmbeddingBackward0", selection_rule(embedding_positions, embedding_weights), "selection");
+
   register_linear_algebra_rules();
+  register_softmax_rules();
+  register_normalization_rules();
+  register_attention_rules();
 }
 
 }  // namespace torch_semiring

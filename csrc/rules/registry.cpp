@@ -54,6 +54,10 @@ std::vector<int64_t> RuleContext::output_shape(size_t j) const { return dims_of(
 
 at::TensorOptions RuleContext::output_options(size_t j) const { return node.input_metadata(j).options(); }
 
+at::Tensor RuleContext::unpack(const torch::autograd::SavedVariable& saved) const {
+  return saved.unpack(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&node));
+}
+
 std::vector<at::Tensor> RuleContext::call_backward(std::vector<at::Tensor> grads) const {
   return node(std::move(grads));
 }

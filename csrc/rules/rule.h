@@ -8,6 +8,7 @@
 #pragma once
 
 #include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/saved_variable.h>
 
 #include <functional>
 #include <string>
@@ -34,6 +35,8 @@ struct RuleContext {
   // Shape / options of the node's forward output j (where grads arrive).
   std::vector<int64_t> output_shape(size_t j) const;
   at::TensorOptions output_options(size_t j) const;
+  // A saved tensor of the node (saved outputs such as result_ need the node).
+  at::Tensor unpack(const torch::autograd::SavedVariable& saved) const;
   // Calls the node's own (stock) backward on plain tensors.
   std::vector<at::Tensor> call_backward(std::vector<at::Tensor> grads) const;
 };

@@ -138,6 +138,30 @@ Tensor Semiring::scatter_oplus(const Tensor& src, const Tensor& index, int64_t n
   return out;
 }
 
+namespace {
+// out[j] = t[j - s] along value dim d (zero-filled for j < s).
+Tensor shifted(const Semiring& sr, const Tensor& t, int64_t s, int64_t d) {
+  const int64_t n = t.size(d);
+  auto shape = t.sizes().slice(1).vec();
+  shape[d - 1] = std::min(s, n);
+  auto fill = sr.zero(shape, t.options());
+  if (s >= n) return fill;
+  return at::cat({fill, t.narrow(d, 0, n - s)}, d);
+}
+// Inclusive prefix ⊕ along value dim d by log-step doubling (Hillis–Steele).
+Tensor prefix_oplus(const Semiring& sr, Tensor t, int64_t d) {
+  for (int64_t s = 1; s < t.size(d); s *= 2) t = sr.oplus(t, shifted(sr, t, s, d));
+  return t;
+}
+}  // namespace
+
+Tensor Semiring::exclusive_oplus(const Tensor& v, int64_t dim) const {
+  const int64_t d = at::maybe_wrap_dim(dim, v.dim() - 1) + 1;
+  auto before = shifted(*this, prefix_oplus(*this, v, d), 1, d);
+  auto after = shifted(*this, prefix_oplus(*this, v.flip(d), d), 1, d).flip(d);
+  return oplus(before, after);
+}
+
 // ---- registry ----------------------------------------------------------------
 
 namespace {

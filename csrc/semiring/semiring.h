@@ -55,6 +55,11 @@ class Semiring {
   // src: (C, n) values, index: (n,) int64 into [0, numel) →
   // (C, numel) with out[i] = ⊕_{j: index[j]=i} src[j] (zero where none).
   virtual Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const;
+  // out[j] = ⊕_{i≠j} v[i] along element dim `dim` ("all but me": the
+  // off-diagonal part of softmax-like Jacobians). The default is a prefix and
+  // a suffix scan (log-step doubling, binary ⊕ only), so it needs no inverse
+  // of ⊕; semirings with a cheaper exact form override it.
+  virtual Tensor exclusive_oplus(const Tensor& v, int64_t dim) const;
 
  protected:
   virtual Tensor do_zero(at::IntArrayRef shape, const at::TensorOptions& opts) const = 0;

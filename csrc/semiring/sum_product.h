@@ -14,6 +14,11 @@ class SumProductSemiring : public Semiring {
   Tensor matmul(const Tensor& g, const Tensor& w) const override {
     return at::matmul(g, do_lift(w).select(0, 0));
   }
+  // ⊕ has an inverse here: everything but me = total − me.
+  Tensor exclusive_oplus(const Tensor& v, int64_t dim) const override {
+    const int64_t d = at::maybe_wrap_dim(dim, v.dim() - 1) + 1;
+    return v.sum(d, /*keepdim=*/true) - v;
+  }
   Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
     return at::zeros({src.size(0), numel}, src.options()).index_add_(1, index, src);
   }

@@ -1,0 +1,90 @@
+// native_layer_norm and _fused_rms_norm. Per normalized row (N elements),
+// with x̂ the normalized input, r = 1/std and c_i = w_i·r:
+//     layer norm:  J[i, j] = c_i (δ_ij − 1/N − x̂_i x̂_j / N)
+//     RMS norm:    J[i, j] = c_i (δ_ij −       x̂_i x̂_j / N)
+// The off-diagonal part is rank 2, which no lift factors through, so each
+// row's N×N block is built — a chunk of rows at a time, never the Jacobian of
+// the whole tensor — and contracted with the semiring's batched matmul.
+// weight: one edge x̂ per element (⊕ over rows by the engine's broadcast
+// reduction); bias: one edge of weight 1.
+#include <torch/csrc/autograd/generated/Functions.h>
+
+#include "rule.h"
+
+namespace torch_semiring {
+
+using at::Tensor;
+using namespace torch::autograd::generated;
+
+namespace {
+
+// Value of the normalized input. g, x_hat: shape (*rows, N…); scale: c (same shape).
+Tensor normalized_input_value(const Semiring& sr, const Tensor& g, const Tensor& x_hat, const Tensor& scale,
+                              int64_t N, bool centered) {
+  const int64_t C = g.size(0), rows = x_hat.numel() / std::max<int64_t>(N, 1);
+  auto xh = x_hat.reshape({rows, N});
+  auto c = scale.reshape({rows, N});
+  auto gv = g.reshape({C, rows, 1, N});
+  auto eye = at::eye(N, xh.options());
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(N * N, 1));
+  std::vector<Tensor> parts;
+  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+    const int64_t R = std::min(chunk, rows - r0);
+    auto xr = xh.narrow(0, r0, R);
+    auto outer = xr.unsqueeze(2) * xr.unsqueeze(1) / double(N);  // (R, N_i, N_j)
+    auto J = c.narrow(0, r0, R).unsqueeze(2) * (eye - outer - (centered ? 1.0 / double(N) : 0.0));
+    parts.push_back(sr.matmul(gv.narrow(1, r0, R), J));  // (C, R, 1, N): ⊕ over i
+  }
+  return at::cat(parts, 1).reshape(g.sizes());
+}
+
+std::vector<Tensor> normalization(const RuleContext& ctx, const Tensor& g, const Tensor& x_hat, const Tensor& rstd,
+                                  const Tensor& weight, int64_t N, bool centered, bool has_bias) {
+  const auto& sr = ctx.semiring;
+  std::vector<Tensor> out(has_bias ? 3 : 2);
+  if (ctx.needs(0)) {
+    auto scale = weight.defined() ? rstd * weight : rstd.expand_as(x_hat);
+    out[0] = normalized_input_value(sr, g, x_hat, scale.expand_as(x_hat), N, centered);
+  }
+  if (ctx.needs(1)) out[1] = sr.otimes_edge(g, x_hat);
+  if (has_bias && ctx.needs(2)) out[2] = g;
+  return out;
+}
+
+int64_t numel_of(const std::vector<c10::SymInt>& shape) {
+  int64_t n = 1;
+  for (const auto& s : shape) n *= s.expect_int();
+  return n;
+}
+
+std::vector<Tensor> layer_norm_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  TORCH_CHECK(std::all_of(grads.begin() + 1, grads.end(), [](const Tensor& t) { return !t.defined(); }), "torch_semiring: values arriving at the mean/rstd "
+              "outputs of native_layer_norm are not supported (only its normalized output is)");
+  auto& n = static_cast<NativeLayerNormBackward0&>(ctx.node);
+  auto x = ctx.unpack(n.input_);
+  auto x_hat = (x - ctx.unpack(n.result1_)) * ctx.unpack(n.result2_);
+  auto weight = n.weight_.unpack();
+  return normalization(ctx, grads[0], x_hat, ctx.unpack(n.result2_), weight, numel_of(n.normalized_shape),
+                       /*centered=*/true, /*has_bias=*/true);
+}
+
+std::vector<Tensor> rms_norm_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  TORCH_CHECK(grads.size() < 2 || !grads[1].defined(), "torch_semiring: values arriving at the rstd output of "
+              "_fused_rms_norm are not supported (only its normalized output is)");
+  auto& n = static_cast<FusedRmsNormBackward0&>(ctx.node);
+  auto x = ctx.unpack(n.input_);
+  auto rstd = ctx.unpack(n.result1_);
+  int64_t N = 1;
+  for (auto s : n.normalized_shape) N *= s;
+  return normalization(ctx, grads[0], x * rstd, rstd, n.weight_.unpack(), N, /*centered=*/false,
+                       /*has_bias=*/false);
+}
+
+}  // namespace
+
+void register_normalization_rules() {
+  register_rule("NativeLayerNormBackward0", layer_norm_rule, "normalization");
+  register_rule("FusedRmsNormBackward0", rms_norm_rule, "normalization");
+}
+
+}  // namespace torch_semiring
