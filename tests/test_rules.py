@@ -129,7 +129,49 @@ def grad_outputs_given():
     return list(y), [x], [torch.tensor([[1.0, -2.0, 0.0], [0.5, 3.0, -1.0]], dtype=D), torch.tensor([2.0, 0.0, -1.0], dtype=D)]
 
 
+def softmaxes():
+    x = leaf(2, 4, seed=30)
+    masked = x.masked_fill(torch.tensor([[True, False, False, False], [True] * 4]), -float("inf"))
+    outs = [F.softmax(x, -1), F.log_softmax(x, 0), torch._safe_softmax(masked, -1)]
+    return [o.reshape(-1) * torch.linspace(-1, 2, o.numel(), dtype=D) for o in outs], [x], None
+
+
+def layer_norms():
+    x, w, b = leaf(2, 3, 4, seed=31), leaf(4, seed=32), leaf(4, seed=33)
+    w2 = leaf(3, 4, seed=34)
+    outs = [F.layer_norm(x, (4,), w, b), F.layer_norm(x, (3, 4), w2), F.layer_norm(x, (4,))]
+    return [o.reshape(-1) * torch.linspace(-1, 1, o.numel(), dtype=D) for o in outs], [x, w, b, w2], None
+
+
+def attention_fused():
+    q, k, v = leaf(1, 2, 3, 4, seed=35), leaf(1, 2, 5, 4, seed=36), leaf(1, 2, 5, 2, seed=37)
+    q2, k2, v2 = leaf(1, 4, 3, 4, seed=38), leaf(1, 2, 3, 4, seed=39), leaf(1, 2, 3, 2, seed=40)
+    mask = leaf(3, 5, seed=41)
+    outs = [
+        F.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        F.scaled_dot_product_attention(q2, k2, v2, is_causal=True, enable_gqa=True),
+    ]
+    return [o.reshape(-1) * torch.linspace(-1, 2, o.numel(), dtype=D) for o in outs], [q, k, v, mask, q2, k2, v2], None
+
+
+def embedding_and_losses():
+    w = leaf(5, 3, seed=42)
+    idx = torch.tensor([[1, 0, 1], [4, 1, 0]])
+    x, x3 = leaf(4, 3, seed=43), leaf(2, 3, 2, seed=44)
+    t = torch.tensor([0, 2, 1, 2])
+    outs = [
+        F.embedding(idx, w, padding_idx=0).reshape(-1) * torch.linspace(-1, 2, 18, dtype=D),
+        F.embedding(idx, w, scale_grad_by_freq=True).sum().reshape(1),
+        F.cross_entropy(x, t).reshape(1),
+        F.nll_loss(F.log_softmax(x, 1), t, weight=torch.tensor([1.0, 2.0, 0.5], dtype=D), reduction="none"),
+        F.cross_entropy(x, t, ignore_index=2, reduction="sum").reshape(1),
+        F.cross_entropy(x3, torch.tensor([[0, 2], [1, 1]])).reshape(1),
+    ]
+    return outs, [w, x, x3], None
+
+
 CASES = [
+    softmaxes, layer_norms, attention_fused, embedding_and_losses,
     pointwise_broadcast, pointwise_zoo, parallel_edges, reductions, layout, contractions, selections,
     mlp3, attention_by_hand, nonleaf_and_edges, grad_outputs_given,
 ] + [c for c in REFERENCE_CASES if c.__name__ not in ("custom_function", "in_place")]

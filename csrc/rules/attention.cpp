@@ -36,6 +36,17 @@ Tensor through_value_difference(const Semiring& sr, const Tensor& g, const Tenso
   return at::cat(parts, -2);
 }
 
+// (C, …, H, S, E) with H = heads·group → (C, …, heads, S, E), ⊕ over the group.
+Tensor fold_groups(const Semiring& sr, const Tensor& value, int64_t group) {
+  if (group == 1) return value;
+  auto shape = value.sizes().vec();
+  const int64_t heads = shape[shape.size() - 3] / group;
+  shape[shape.size() - 3] = group;
+  shape.insert(shape.end() - 3, heads);
+  auto grouped = value.reshape(shape);
+  return sr.oplus_reduce(grouped, {grouped.dim() - 4}, false);
+}
+
 std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
   auto& n = static_cast<ScaledDotProductFlashAttentionForCpuBackward0&>(ctx.node);
   TORCH_CHECK(n.dropout_p == 0.0, "torch_semiring: ", ctx.node.name(), " ran with dropout_p=", n.dropout_p,
@@ -48,8 +59,16 @@ std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tens
   auto q = ctx.unpack(n.query_), k = ctx.unpack(n.key_), v = ctx.unpack(n.value_);
   auto out = ctx.unpack(n.output_);
   auto mask = ctx.unpack(n.attn_mask_);
-  TORCH_CHECK(q.size(-3) == k.size(-3), "torch_semiring: ", ctx.node.name(), " with grouped-query heads (",
-              q.size(-3), " query vs ", k.size(-3), " key heads) is not supported; repeat the key/value heads");
+  // Grouped-query attention: every key/value head serves `group` query heads.
+  // Work with the heads repeated; the values of a key/value element are then
+  // ⊕-folded over its group (its edges to all those heads' outputs).
+  TORCH_CHECK(q.dim() >= 3 && q.size(-3) % k.size(-3) == 0, "torch_semiring: ", ctx.node.name(), ": ",
+              q.size(-3), " query heads cannot be grouped over ", k.size(-3), " key/value heads");
+  const int64_t group = q.size(-3) / k.size(-3);
+  if (group > 1) {
+    k = k.repeat_interleave(group, -3);
+    v = v.repeat_interleave(group, -3);
+  }
   const double scale = n.scale.value_or(1.0 / std::sqrt(double(q.size(-1))));
   auto scores = at::matmul(q, k.transpose(-1, -2)) * scale;
   if (n.is_causal) {
@@ -62,12 +81,12 @@ std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tens
   auto P = at::softmax(scores, -1);
   const auto scale_t = at::scalar_tensor(scale, q.options());
   std::vector<Tensor> result(std::max<size_t>(ctx.needed.size(), 3));
-  if (ctx.needs(2)) result[2] = sr.matmul(g.transpose(-1, -2), P).transpose(-1, -2);
+  if (ctx.needs(2)) result[2] = fold_groups(sr, sr.matmul(g.transpose(-1, -2), P).transpose(-1, -2), group);
   Tensor X;
   if (ctx.needs(1) || ctx.needs(3)) X = through_value_difference(sr, g, v, out);
   if (ctx.needs(1)) {
     auto Y = sr.otimes_edge(sr.otimes_edge(X, P), scale_t);
-    result[1] = sr.matmul(Y.transpose(-1, -2), q);
+    result[1] = fold_groups(sr, sr.matmul(Y.transpose(-1, -2), q), group);
   }
   if (ctx.needs(3)) result[3] = sr.otimes_edge(X, P);
   if (ctx.needs(0)) {
