@@ -168,6 +168,7 @@ const char* const kInjective[] = {
 }  // namespace
 
 void register_linear_algebra_rules();  // linear_algebra.cpp
+void register_generated_rules();       // build/generated/generated_rules.cpp (tools/gen_semiring_rules.py)
 
 void register_builtin_rules() {
   for (const char* name : kPointwiseNodes) register_rule(name, pointwise_rule, "pointwise");
@@ -199,6 +200,8 @@ void register_builtin_rules() {
   register_rule("GatherBackward0", selection_rule(gather_positions), "selection");
 
   register_linear_algebra_rules();
+  // Last, and only for names still without a rule: generic and hand-written rules win.
+  register_generated_rules();
 }
 
 }  // namespace torch_semiring
