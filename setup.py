@@ -15,9 +15,12 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 GENERATED = os.path.join(ROOT, "build", "generated")
 
 subprocess.check_call([sys.executable, os.path.join(ROOT, "tools", "gen_rule_tables.py"), GENERATED])
+# Semiring rules rewritten from derivatives.yaml formulas: one generated translation unit.
+subprocess.check_call([sys.executable, os.path.join(ROOT, "tools", "gen_semiring_rules.py"), GENERATED])
 
 with open(os.path.join(ROOT, "csrc", "sources.txt")) as f:
     sources = [line.strip() for line in f if line.strip() and not line.startswith("#")]
+sources.append(os.path.relpath(os.path.join(GENERATED, "generated_rules.cpp"), ROOT))
 
 setup(
     package_dir={"": "python"},

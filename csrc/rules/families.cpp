@@ -201,6 +201,7 @@ void register_linear_algebra_rules();  // linear_algebra.cpp
 void register_softmax_rules();         // softmax.cpp
 void register_normalization_rules();   // normalization.cpp
 void register_attention_rules();       // attention.cpp
+void register_generated_rules();       // build/generated/generated_rules.cpp (tools/gen_semiring_rules.py)
 
 void register_builtin_rules() {
   for (const char* name : kPointwiseNodes) register_rule(name, pointwise_rule, "pointwise");
@@ -239,6 +240,8 @@ void register_builtin_rules() {
   register_softmax_rules();
   register_normalization_rules();
   register_attention_rules();
+  // Last, and only for names still without a rule: generic and hand-written rules win.
+  register_generated_rules();
 }
 
 }  // namespace torch_semiring

@@ -1,0 +1,227 @@
+"""Rules generated from derivatives.yaml (tools/gen_semiring_rules.py) against
+the explicit-graph reference, for every semiring.
+
+CASES maps each generated node type to a small float64 forward pass that
+creates that node (the test checks the node really is in the graph, and that
+the registry dispatches it to the generated rule). A generated node without a
+case must be listed in SKIPPED with the reason it cannot run here.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+import torch
+
+import torch_semiring as ts
+from reference import SEMIRING_NAMES, autograd_values, reference_values
+from test_reference import assert_values_equal
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+import gen_semiring_rules  # noqa: E402
+import semiring_formulas as sf  # noqa: E402
+
+D = torch.float64
+aten = torch.ops.aten
+
+
+def leaf(*shape, seed=0, positive=False):
+    g = torch.Generator().manual_seed(seed + 17 * len(shape) + sum(shape))
+    t = torch.randn(shape, generator=g, dtype=D)
+    return (t.abs() + 0.5 if positive else t).requires_grad_()
+
+
+def weights(t):
+    """Distinct signed weights so every output element's path differs."""
+    return torch.linspace(-1.5, 2.0, t.numel(), dtype=D).reshape(t.shape)
+
+
+def readout(*outs):
+    """Weighted outputs, flattened (the seed of the reference)."""
+    return [(o * weights(o)).reshape(-1) for o in outs]
+
+
+def zero_rule(make):
+    """An op whose output does not depend on x (random fills, comparisons): no edges from x."""
+    def case():
+        x = leaf(2, 3, seed=1)
+        y = make(x.clone())
+        return readout(y, x * 2), [x]
+    return case
+
+
+IDX = torch.tensor([2, 0, 2])
+
+
+CASES = {
+    # layout / reduction
+    "AliasBackward0_copy": lambda: (lambda x: (readout(torch.alias_copy(x)), [x]))(leaf(2, 3)),
+    "DiagEmbedBackward0": lambda: (lambda x: (readout(torch.diag_embed(x, 1)), [x]))(leaf(2, 3)),
+    "DiagonalBackwardBackward0": lambda: (lambda g: (readout(aten.diagonal_backward(g, [3, 4], 0, 0, 1)), [g]))(leaf(3)),
+    "ExpandBackward0_copy": lambda: (lambda x: (readout(torch.expand_copy(x, (2, 3, 4))), [x]))(leaf(3, 1)),
+    "LazyCloneBackward0": lambda: (lambda x: (readout(x._lazy_clone()), [x]))(leaf(2, 3)),
+    "LiftBackward0": lambda: (lambda x: (readout(aten.lift(x)), [x]))(leaf(2, 3)),
+    "LiftFreshBackward0": lambda: (lambda x: (readout(aten.lift_fresh(x)), [x]))(leaf(2, 3)),
+    "LiftFreshBackward0_copy": lambda: (lambda x: (readout(aten.lift_fresh_copy(x)), [x]))(leaf(2, 3)),
+    "NegViewBackward0": lambda: (lambda x: (readout(torch._neg_view(x)), [x]))(leaf(2, 3)),
+    "NegViewBackward0_copy": lambda: (lambda x: (readout(torch._neg_view_copy(x)), [x]))(leaf(2, 3)),
+    "ReshapeAliasBackward0_copy": lambda: (lambda x: (readout(torch._reshape_alias_copy(x, (3, 2), (2, 1))), [x]))(leaf(2, 3)),
+    "ReshapeCopyBackward0": lambda: (lambda x: (readout(aten._reshape_copy(x, (3, 2))), [x]))(leaf(2, 3)),
+    "Rot90Backward0": lambda: (lambda x: (readout(x.rot90(1, (0, 1)), x.rot90(-1, (1, 0))), [x]))(leaf(2, 3)),
+    "SelectBackwardBackward0": lambda: (lambda g: (readout(aten.select_backward(g, [3, 4], 0, 1)), [g]))(leaf(4)),
+    "SliceBackwardBackward0": lambda: (lambda g: (readout(aten.slice_backward(g, [5, 2], 0, 1, 5, 2)), [g]))(leaf(2, 2)),
+    "TBackward0_copy": lambda: (lambda x: (readout(torch.t_copy(x)), [x]))(leaf(2, 3)),
+    "TBackward1": lambda: (lambda x: (readout(x * 1.0, x.clone().t_()), [x]))(leaf(2, 3)),
+    "TestAutogradMultipleDispatchViewBackward0": lambda: (lambda x: (readout(torch._test_autograd_multiple_dispatch_view(x)), [x]))(leaf(2, 3)),
+    "TestAutogradMultipleDispatchViewBackward0_copy": lambda: (lambda x: (readout(torch._test_autograd_multiple_dispatch_view_copy(x)), [x]))(leaf(2, 3)),
+    "TransposeBackward0_copy": lambda: (lambda x: (readout(torch.transpose_copy(x, 0, 1)), [x]))(leaf(2, 3)),
+    "UnfoldBackwardBackward0": lambda: (lambda g: (readout(aten.unfold_backward(g, [5], 0, 2, 1)), [g]))(leaf(4, 2)),
+    "UnsqueezeBackward0_copy": lambda: (lambda x: (readout(torch.unsqueeze_copy(x, 1)), [x]))(leaf(2, 3)),
+    "ViewBackward0_copy": lambda: (lambda x: (readout(torch.view_copy(x, (3, 2))), [x]))(leaf(2, 3)),
+    "FillBackward1": lambda: (lambda x, v: (readout(x.clone().fill_(v.detach().item()) * v, torch.fill(x, v)), [x, v]))(leaf(2, 3), leaf(seed=3)),
+    "FillBackward3": lambda: (lambda x, v: (readout(x.clone().fill_(v) + x), [x, v]))(leaf(2, 3), leaf(seed=4)),
+    # placement with zero fill / scatter
+    "DiagonalScatterBackward0": lambda: (lambda x, s: (readout(torch.diagonal_scatter(x, s, 1)), [x, s]))(leaf(3, 4), leaf(3, seed=2)),
+    "IndexAddBackward0": lambda: (lambda x, s: (readout(x.index_add(0, IDX, s, alpha=-2.0)), [x, s]))(leaf(4, 2), leaf(3, 2, seed=2)),
+    "IndexCopyBackward0": lambda: (lambda x, s: (readout(x.index_copy(0, torch.tensor([3, 0]), s)), [x, s]))(leaf(4, 2), leaf(2, 2, seed=2)),
+    "IndexPutBackward0": lambda: (lambda x, v: (readout(x.index_put((IDX,), v), x.index_put((IDX,), v, accumulate=True)), [x, v]))(leaf(4, 2), leaf(3, 2, seed=2)),
+    "IndexPutImplBackward0": lambda: (lambda x, v: (readout(aten._index_put_impl_(x.clone(), (torch.tensor([1, 3]),), v)), [x, v]))(leaf(4, 2), leaf(2, 2, seed=2)),
+    "UnsafeIndexPutBackward0": lambda: (lambda x, v: (readout(aten._unsafe_index_put(x, [torch.tensor([1, 3])], v, False)), [x, v]))(leaf(4, 2), leaf(2, 2, seed=2)),
+    "PutBackward0": lambda: (lambda x, s: (readout(x.put(torch.tensor([5, 0, 5]), s), x.put(torch.tensor([1, 0]), s[:2], accumulate=True)), [x, s]))(leaf(2, 3), leaf(3, seed=2)),
+    "ScatterAddBackward0": lambda: (lambda x, s: (readout(x.scatter_add(0, torch.tensor([[1, 0, 1], [1, 1, 0]]), s)), [x, s]))(leaf(2, 3), leaf(2, 3, seed=2)),
+    "SliceInverseBackward0": lambda: (lambda b, s: (readout(aten.slice_inverse((b * 1.0)[1:3], s, 0, 1, 3, 1)), [b, s]))(leaf(4, 3), leaf(4, 3, seed=2)),
+    # scale / matmul-like
+    "AddrBackward0": lambda: (lambda m, a, b: (readout(torch.addr(m, a, b, beta=0.5, alpha=-2.0)), [m, a, b]))(leaf(3, 4), leaf(3, seed=2), leaf(4, seed=3)),
+    "VdotBackward0": lambda: (lambda a, b: (readout(torch.vdot(a, b)), [a, b]))(leaf(4), leaf(4, seed=2)),
+    "StandardGammaBackward0": lambda: (lambda x: (readout(torch._standard_gamma(x)), [x]))(leaf(2, 3, positive=True)),
+    # no edges: random fills, in-place comparisons, fills with a constant
+    "BernoulliBackward0": zero_rule(lambda t: torch.bernoulli(t.abs() / (1 + t.abs()))),
+    "BernoulliBackward1": lambda: (lambda x, p: (readout(x.clone().bernoulli_(p) + x), [x, p]))(leaf(2, 3), torch.full((2, 3), 0.5, dtype=D, requires_grad=True)),
+    "BernoulliBackward2": zero_rule(lambda t: t.bernoulli_(0.5)),
+    "CauchyBackward0": zero_rule(lambda t: t.cauchy_()),
+    "ExponentialBackward0": zero_rule(lambda t: t.exponential_()),
+    "GeometricBackward0": zero_rule(lambda t: t.geometric_(0.5)),
+    "LogNormalBackward0": zero_rule(lambda t: t.log_normal_()),
+    "NormalBackward0": zero_rule(lambda t: t.normal_()),
+    "NormalBackward1": lambda: (lambda m: (readout(torch.normal(m, 0.5) + m), [m]))(leaf(2, 3)),
+    "NormalBackward2": lambda: (lambda s: (readout(torch.normal(0.5, s) + s), [s]))(leaf(2, 3, positive=True)),
+    "NormalBackward3": lambda: (lambda m, s: (readout(torch.normal(m, s) + m * s), [m, s]))(leaf(2, 3), leaf(2, 3, seed=2, positive=True)),
+    "PoissonBackward0": zero_rule(lambda t: torch.poisson(t.abs())),
+    "RandomBackward0": zero_rule(lambda t: t.random_(1, 5)),
+    "RandomBackward1": zero_rule(lambda t: t.random_(5)),
+    "RandomBackward2": zero_rule(lambda t: t.random_()),
+    "UniformBackward0": zero_rule(lambda t: t.uniform_()),
+    "FillBackward0": zero_rule(lambda t: aten.fill(t, 2.0)),
+    "FillBackward2": zero_rule(lambda t: t.fill_(2.0)),
+    "ZeroBackward0": zero_rule(lambda t: t.zero_()),
+    "EqBackward0": zero_rule(lambda t: t.eq_(0.5)),
+    "EqBackward1": lambda: (lambda x, y: (readout(x.clone().eq_(y) + x + y), [x, y]))(leaf(2, 3), leaf(2, 3, seed=2)),
+    "GeBackward0": zero_rule(lambda t: t.ge_(0.0)),
+    "GeBackward1": lambda: (lambda x, y: (readout(x.clone().ge_(y) + x + y), [x, y]))(leaf(2, 3), leaf(2, 3, seed=2)),
+    "GtBackward0": zero_rule(lambda t: t.gt_(0.0)),
+    "GtBackward1": lambda: (lambda x, y: (readout(x.clone().gt_(y) + x + y), [x, y]))(leaf(2, 3), leaf(2, 3, seed=2)),
+    "LeBackward0": zero_rule(lambda t: t.le_(0.0)),
+    "LeBackward1": lambda: (lambda x, y: (readout(x.clone().le_(y) + x + y), [x, y]))(leaf(2, 3), leaf(2, 3, seed=2)),
+    "LtBackward0": zero_rule(lambda t: t.lt_(0.0)),
+    "LtBackward1": lambda: (lambda x, y: (readout(x.clone().lt_(y) + x + y), [x, y]))(leaf(2, 3), leaf(2, 3, seed=2)),
+    "NeBackward0": zero_rule(lambda t: t.ne_(0.0)),
+    "NeBackward1": lambda: (lambda x, y: (readout(x.clone().ne_(y) + x + y), [x, y]))(leaf(2, 3), leaf(2, 3, seed=2)),
+}
+
+# Generated nodes no CPU float64 forward pass here can create.
+SKIPPED = {
+    "CoalesceBackward0": "sparse COO tensors only; the reference walks dense tensors",
+    "ConjBackward0": "conj of a real tensor makes no node; the semirings are real-valued (complex is out of scope)",
+    "ConjBackward0_copy": "as ConjBackward0: needs a complex tensor",
+    "MkldnnReshapeBackward0": "mkldnn tensors only",
+    "PinMemoryBackward0": "pin_memory needs an accelerator; these machines are CPU-only",
+}
+
+GENERATED = gen_semiring_rules.generated_node_names()
+
+
+def nodes_in(outputs):
+    seen, names, stack = set(), set(), [o.grad_fn for o in outputs if o.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        names.add(fn.name())
+        stack.extend(f for f, _ in fn.next_functions)
+    return names
+
+
+def test_every_generated_node_has_a_case_or_a_stated_skip():
+    missing = sorted(set(GENERATED) - set(CASES) - set(SKIPPED))
+    assert not missing, f"generated rules without a test case: {missing}"
+    stale = sorted((set(CASES) | set(SKIPPED)) - set(GENERATED))
+    assert not stale, f"cases for nodes that no longer get a generated rule: {stale}"
+
+
+def test_registry_dispatches_generated_nodes_to_generated_rules():
+    registry = ts.registered_rules()
+    assert {n: registry.get(n) for n in GENERATED} == {n: "generated" for n in GENERATED}
+    # and nothing else is registered as generated (no stale build)
+    assert sorted(n for n, f in registry.items() if f == "generated") == sorted(GENERATED)
+
+
+@pytest.mark.parametrize("node", sorted(CASES))
+def test_generated_rule_matches_reference(node):
+    torch.manual_seed(0)
+    outputs, inputs = CASES[node]()
+    assert node in nodes_in(outputs), f"the case for {node} does not create that node: {sorted(nodes_in(outputs))}"
+    for semiring in SEMIRING_NAMES:
+        torch.manual_seed(0)
+        expected = reference_values(outputs, inputs, semiring, k=3)
+        params = {"k": 3} if semiring == "kmax" else {}
+        actual = ts.grad(outputs, inputs, semiring=semiring, retain_graph=True, allow_unused=True, **params)
+        assert len(actual) == len(expected)
+        for i, (a, e) in enumerate(zip(actual, expected)):
+            assert a is not None, f"input {i} unexpectedly unused"
+            assert_values_equal(a, e, semiring, f"{node}/{semiring}/input {i}")
+    # real must be the stock gradient
+    for a, e in zip(ts.grad(outputs, inputs, semiring="real", retain_graph=True), autograd_values(outputs, inputs)):
+        torch.testing.assert_close(a, e, rtol=0, atol=1e-10)
+
+
+# ---- the formula rewriter itself --------------------------------------------
+
+@pytest.mark.parametrize(
+    "formula, cls",
+    [
+        ("grad", "identity"),
+        ("-grad", "negation"),
+        ("grad * self.sgn()", "elementwise scale"),
+        ("grad / (2 * result)", "elementwise scale"),
+        ("zeros_like(grad)", "zero"),
+        ("grad.masked_fill(mask, 0)", "where/masked select"),
+        ("grad.expand_symint(self_sym_sizes)", "layout/reduction"),
+        ("self.transpose(1, 2).conj().bmm(grad)", "matmul-like"),
+        ("softmax_backward_data(grad, result, dim, self_scalar_type)", "other FunctionsManual helper"),
+    ],
+)
+def test_classify(formula, cls):
+    assert sf.classify(formula, pointwise=False) == cls
+
+
+@pytest.mark.parametrize(
+    "formula",
+    [
+        "grad.expand_symint(self_sym_sizes).sum()",  # ⊕ over copies of one element: not exact
+        "grad * grad",  # not linear in grad
+        "grad.masked_fill(mask, 1)",  # fills a non-zero value
+        "grad * sgn_backward(self)",  # a FunctionsManual helper in the weight
+        "at::where(cond, grad, grad * 2)",  # two branches with edges
+    ],
+)
+def test_inexact_formulas_get_no_rewrite(formula):
+    assert sf.rewrite(formula) is None
+
+
+def test_functions_cpp_branch_renders():
+    text = sf.functions_cpp_branch("grad * self.sgn()")
+    assert "scale_top(ctx, input, g, weight_of((self.sgn())), false)" in text
+    assert "grad_result = any_grad_defined ? (grad * self.sgn()) : Tensor();" in text
+    assert sf.functions_cpp_branch("softmax_backward_data(grad, result, dim, st)") is None
