@@ -36,7 +36,7 @@ def pointwise_zoo():
         F.relu(x) + F.leaky_relu(x, 0.1) + F.gelu(x) + F.silu(x) + torch.rsqrt(y) + y.sqrt()
         + x.pow(3) + y.log() + torch.clamp(x, -0.5, 0.5) + torch.maximum(x, y - 1) + x.abs()
         + torch.pow(y, x) + 2 - x + torch.rsub(x, 1.0) + x.masked_fill(x > 0.5, 0.0)
-        + torch.where(x > 0, x, 2 * y)
+        + torch.where(x > 0, x, 2 * y) + torch.native_dropout(x, 0.5, True)[0] + F.gelu(y, approximate="tanh")
     )
     return out, [x, y], None
 

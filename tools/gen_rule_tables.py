@@ -14,7 +14,7 @@ import os
 import sys
 
 # Ops whose derivative is element-wise but whose schema lacks the tag.
-EXTRA_POINTWISE = ["RsubBackward0"]
+EXTRA_POINTWISE = ["RsubBackward0", "NativeDropoutBackward0"]
 
 
 def autograd_infos():

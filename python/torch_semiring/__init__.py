@@ -16,6 +16,7 @@ import os as _os
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C
+from .decompose import decomposed
 from .engine import backward, grad
 from .mode import get_semiring, semiring, set_semiring
 from .rules import has_rule, register_rule, registered_rules
@@ -24,7 +25,7 @@ from .torch_integration import install as _install
 
 __all__ = [
     "grad", "backward", "semiring", "set_semiring", "get_semiring", "semirings",
-    "register_rule", "has_rule", "registered_rules", "set_logging",
+    "register_rule", "has_rule", "registered_rules", "set_logging", "decomposed",
 ]
 
 _log = _logging.getLogger("torch_semiring")

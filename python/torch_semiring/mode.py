@@ -26,15 +26,23 @@ def set_semiring(spec: Any = None, **params) -> None:
 
 
 @contextlib.contextmanager
-def semiring(spec: Any, **params) -> Iterator[Resolved]:
+def semiring(spec: Any, *, decompose: bool = False, **params) -> Iterator[Resolved]:
     """Run ``.backward()`` / ``torch.autograd.grad`` in a semiring on this thread.
 
-    The previous mode is restored on exit, exceptions included.
+    ``decompose=True`` also runs forward passes inside the block at primitive
+    granularity (see :mod:`torch_semiring.decompose`). The previous mode is
+    restored on exit, exceptions included.
     """
     previous = get_semiring()
     resolved = resolve(spec, **params)
     _state.semiring = resolved
     try:
-        yield resolved
+        if decompose:
+            from .decompose import decomposed
+
+            with decomposed():
+                yield resolved
+        else:
+            yield resolved
     finally:
         _state.semiring = previous

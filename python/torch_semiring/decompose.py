@@ -1,0 +1,92 @@
+"""Primitive granularity: run fused ops through their decompositions.
+
+The gradient graph is whatever autograd recorded. A fused node (softmax,
+layer_norm, scaled_dot_product_attention, gelu, rms_norm) is ONE node with a
+dense local Jacobian: a path crosses it in one step, weighted by the true
+derivative. Inside ``ts.decomposed()`` (or ``ts.semiring(..., decompose=True)``)
+the forward pass instead runs these ops as primitives (exp, sum, div, mean,
+matmul …), so the graph — and every semiring result other than ``real`` —
+is the one of the decomposed program. This is the granularity of Du et al.'s
+implementation (softmax with its max-subtraction, layer norm by its moments).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+
+def softmax(x, dim=None, _stacklevel=3, dtype=None):
+    if dtype is not None:
+        x = x.to(dtype)
+    e = torch.exp(x - x.amax(dim, keepdim=True))
+    return e / e.sum(dim, keepdim=True)
+
+
+def log_softmax(x, dim=None, _stacklevel=3, dtype=None):
+    if dtype is not None:
+        x = x.to(dtype)
+    shifted = x - x.amax(dim, keepdim=True)
+    return shifted - torch.log(torch.exp(shifted).sum(dim, keepdim=True))
+
+
+def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    dims = tuple(range(-len(normalized_shape), 0))
+    centered = x - x.mean(dims, keepdim=True)
+    y = centered * torch.rsqrt((centered * centered).mean(dims, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def rms_norm(x, normalized_shape, weight=None, eps=None):
+    dims = tuple(range(-len(normalized_shape), 0))
+    eps = torch.finfo(x.dtype).eps if eps is None else eps
+    y = x * torch.rsqrt((x * x).mean(dims, keepdim=True) + eps)
+    return y * weight if weight is not None else y
+
+
+def gelu(x, approximate="none"):
+    if approximate == "tanh":
+        return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
+    return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+
+def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                 enable_gqa=False):
+    if enable_gqa and q.size(-3) != k.size(-3):
+        group = q.size(-3) // k.size(-3)
+        k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
+    scores = q @ k.transpose(-2, -1) * (1 / math.sqrt(q.size(-1)) if scale is None else scale)
+    if is_causal:
+        causal = torch.ones(q.size(-2), k.size(-2), dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+    if attn_mask is not None:
+        scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+    p = softmax(scores, -1)
+    if dropout_p > 0:
+        p = F.dropout(p, dropout_p)
+    return p @ v
+
+
+_DECOMPOSITIONS = {
+    F.softmax: softmax, torch.softmax: softmax, torch.Tensor.softmax: softmax,
+    F.log_softmax: log_softmax, torch.log_softmax: log_softmax, torch.Tensor.log_softmax: log_softmax,
+    F.layer_norm: layer_norm, F.rms_norm: rms_norm, F.gelu: gelu,
+    F.scaled_dot_product_attention: scaled_dot_product_attention,
+}
+
+
+class decomposed(TorchFunctionMode):
+    """Context manager: forward passes inside it record primitive-level graphs."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        impl = _DECOMPOSITIONS.get(func)
+        if impl is not None:
+            return impl(*args, **kwargs)
+        return func(*args, **kwargs)
