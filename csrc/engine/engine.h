@@ -15,6 +15,18 @@ namespace torch_semiring {
 
 using torch::autograd::Edge;
 
+// What arrived at one input buffer slot (= one tensor of the forward) when
+// path provenance is recorded: the ⊕-combined value with origin ids, and who
+// delivered each contribution (producer node, its next-edge index; a null
+// producer is the virtual root, the edge index then the output's index).
+struct ProvenanceRecord {
+  c10::intrusive_ptr<torch::autograd::Node> node;
+  uint32_t slot;
+  at::Tensor value;
+  std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, uint32_t>> contributors;
+  int64_t expected_contributors;  // the n of tag_contributor
+};
+
 struct BackwardResult {
   // Per target edge: its ⊕-combined value (undefined = zero) and whether the
   // target is part of the graph at all (stock's "appears to not have been used").
@@ -24,12 +36,14 @@ struct BackwardResult {
   // the caller ⊕-accumulates them into .grad once the whole pass succeeded.
   std::vector<at::Tensor> leaf_variables;
   std::vector<at::Tensor> leaf_values;
+  std::vector<ProvenanceRecord> provenance;  // with record_provenance
 };
 
 struct BackwardOptions {
   bool keep_graph = false;    // retain_graph: keep saved tensors alive
   bool create_graph = false;  // run rules with grad mode on
   bool collect_leaves = false;  // .backward() without inputs=: every leaf is a target
+  bool record_provenance = false;  // keep every buffer's value + contributors (a provenance semiring)
 };
 
 // roots/seeds: output edges and their seed values (shape (C, *output shape)).

@@ -137,7 +137,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         for (auto& p : product_parts(s)) out.push_back(std::const_pointer_cast<Semiring>(p));
         return out;
       })
-      .def("split", [](const Semiring& s, const at::Tensor& v) { return split_product_value(s, v); });
+      .def("split", [](const Semiring& s, const at::Tensor& v) { return split_product_value(s, v); })
+      .def_property_readonly("origin_entries", &Semiring::origin_entries);
 
   m.def("semiring_names", &semiring_names);
   m.def("make_semiring", [](const std::string& name, int64_t k) {
@@ -146,6 +147,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("python_semiring", [](py::object obj) -> std::shared_ptr<Semiring> {
     return std::make_shared<PySemiring>(std::move(obj));
   });
+  m.def("make_provenance", [](const std::string& base, int64_t k) {
+    return std::const_pointer_cast<Semiring>(make_provenance(base, k));
+  }, py::arg("base"), py::arg("k") = 1);
   m.def("make_product", [](std::vector<std::shared_ptr<Semiring>> parts) {
     std::vector<SemiringPtr> p(parts.begin(), parts.end());
     return std::const_pointer_cast<Semiring>(make_product(std::move(p)));
@@ -154,16 +158,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("run_backward",
         [](const std::shared_ptr<Semiring>& sr, const std::vector<std::pair<py::object, uint32_t>>& roots,
            const std::vector<at::Tensor>& seeds, const std::vector<std::pair<py::object, uint32_t>>& targets,
-           bool keep_graph, bool create_graph, bool collect_leaves) {
+           bool keep_graph, bool create_graph, bool collect_leaves, bool record_provenance) {
           BackwardOptions opt;
+          opt.record_provenance = record_provenance;
           opt.keep_graph = keep_graph;
           opt.create_graph = create_graph;
           opt.collect_leaves = collect_leaves;
           auto r = run_backward(*sr, edges_from_py(roots), seeds, edges_from_py(targets), opt);
           py::list captured;
           for (auto& t : r.captured) captured.append(t.defined() ? py::cast(t) : py::none());
-          return py::make_tuple(captured, r.in_graph, r.leaf_variables, r.leaf_values);
-        });
+          py::list records;
+          for (auto& rec : r.provenance) {
+            py::list contributors;
+            for (auto& [producer, edge] : rec.contributors)
+              contributors.append(py::make_tuple(producer ? node_to_py(producer) : py::none(), edge));
+            records.append(py::make_tuple(node_to_py(rec.node), rec.slot, rec.value, contributors,
+                                          rec.expected_contributors));
+          }
+          return py::make_tuple(captured, r.in_graph, r.leaf_variables, r.leaf_values, records);
+        },
+        py::arg("semiring"), py::arg("roots"), py::arg("seeds"), py::arg("targets"), py::arg("keep_graph"),
+        py::arg("create_graph"), py::arg("collect_leaves"), py::arg("record_provenance") = false);
 
   m.def("register_rule", [](const std::string& name, py::function fn, const std::string& family) {
     register_rule(name, python_rule(std::move(fn)), family);

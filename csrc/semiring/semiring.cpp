@@ -10,6 +10,7 @@
 #include "max_abs.h"
 #include "max_prod.h"
 #include "product.h"
+#include "provenance.h"
 #include "real.h"
 #include "viterbi.h"
 
@@ -162,6 +163,13 @@ Tensor Semiring::exclusive_oplus(const Tensor& v, int64_t dim) const {
   return oplus(before, after);
 }
 
+Tensor Semiring::with_origin(const Tensor&, int64_t) const {
+  TORCH_CHECK(false, "torch_semiring: semiring ", name(), " does not track path origins");
+}
+Tensor Semiring::tag_contributor(const Tensor&, int64_t, int64_t) const {
+  TORCH_CHECK(false, "torch_semiring: semiring ", name(), " does not track path origins");
+}
+
 // ---- registry ----------------------------------------------------------------
 
 namespace {
@@ -201,6 +209,16 @@ SemiringPtr make_semiring(const std::string& name, int64_t k) {
 
 SemiringPtr make_product(std::vector<SemiringPtr> parts) {
   return std::make_shared<ProductSemiring>(std::move(parts));
+}
+
+SemiringPtr make_provenance(const std::string& base, int64_t k) {
+  using Kind = ProvenanceSemiring::Kind;
+  if (base == "viterbi") return std::make_shared<ProvenanceSemiring>(Kind::MaxPlus, 1);
+  if (base == "max_abs") return std::make_shared<ProvenanceSemiring>(Kind::MaxTimes, 1);
+  if (base == "max_prod") return std::make_shared<ProvenanceSemiring>(Kind::Signed, 1);
+  if (base == "kmax") return std::make_shared<ProvenanceSemiring>(Kind::TopK, k);
+  TORCH_CHECK_VALUE(false, "torch_semiring: semiring '", base, "' has no paths to extract (⊕ must select one "
+                    "path: use one of viterbi, max_abs, max_prod, kmax)");
 }
 
 std::vector<Tensor> split_product_value(const Semiring& product, const Tensor& v) {

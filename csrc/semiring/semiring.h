@@ -48,6 +48,16 @@ class Semiring {
   // What the user sees per element: shape S (kmax: (*S, k)).
   virtual Tensor readout(const Tensor& v) const = 0;
 
+  // ---- path provenance (only the provenance semirings, provenance.h) --------
+  // A provenance value carries, beside each of its E selected entries, the id
+  // of where that entry came from, so the best paths can be followed back.
+  virtual bool tracks_origin() const { return false; }
+  virtual int64_t origin_entries() const { return 0; }
+  // ids := (first + flat element index)·E + entry: "I am element o of this node".
+  virtual Tensor with_origin(const Tensor& v, int64_t first) const;
+  // ids := ids·n + e: "and I arrived as contribution e of n into this buffer".
+  virtual Tensor tag_contributor(const Tensor& v, int64_t e, int64_t n) const;
+
   // ---- composite operations (generic defaults) -----------------------------
   // g: (C, *batch, M, K) value, w: (*batch, K, N) plain tensor →
   // (C, *batch, M, N) with out[m,n] = ⊕_k g[m,k] ⊗ lift(w[k,n]).
@@ -92,6 +102,8 @@ SemiringPtr make_semiring(const std::string& name, int64_t k);
 std::vector<std::string> semiring_names();
 // One pass for several semirings: values are the parts concatenated along dim 0.
 SemiringPtr make_product(std::vector<SemiringPtr> parts);
+// viterbi / max_abs / max_prod / kmax with origin ids for path extraction.
+SemiringPtr make_provenance(const std::string& base, int64_t k);
 std::vector<Tensor> split_product_value(const Semiring& product, const Tensor& v);
 std::vector<SemiringPtr> product_parts(const Semiring& s);
 

@@ -132,7 +132,7 @@ def grad(
     if not inputs:
         raise ValueError("torch_semiring: grad needs at least one input")
     targets = [_edge_of(x, f"inputs[{i}]") for i, x in enumerate(inputs)]
-    captured, in_graph, _, _ = _run(sr, outputs, grad_outputs, targets, retain_graph, create_graph, False)
+    captured, in_graph, _, _, _ = _run(sr, outputs, grad_outputs, targets, retain_graph, create_graph, False)
     per_part: list[list] = [[] for _ in sr.parts]
     for i, (x, value, used) in enumerate(zip(inputs, captured, in_graph)):
         if not used:
@@ -229,7 +229,7 @@ def backward(
                                     if t is not None and t.retains_grad and t.grad_fn is not None]
     receivers = wanted + retained
     targets = [_edge_of(x, f"inputs[{i}]") for i, x in enumerate(receivers)]
-    captured, in_graph, leaves, leaf_values = _run(
+    captured, in_graph, leaves, leaf_values, _ = _run(
         sr, outputs, grad_tensors, targets, retain_graph, create_graph, collect_leaves=not explicit
     )
     updates: list[tuple[torch.Tensor, torch.Tensor]] = []

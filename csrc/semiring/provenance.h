@@ -1,0 +1,165 @@
+// Provenance versions of the selective semirings (viterbi, max_abs, max_prod,
+// kmax): "Viterbi with back-pointers". A value holds E selected entries per
+// element (viterbi/max_abs: the best score; max_prod: M and m; kmax: the k
+// best scores) followed by E ids saying where each entry came from:
+//     layout (2E, *S) = (score_0 … score_{E−1}, id_0 … id_{E−1})
+// ⊕ selects entries (ids travel with them; ties keep the left operand, so the
+// first contribution delivered wins), ⊗ by an edge transforms scores and keeps
+// ids (max_prod swaps M and m — and their ids — on a negative edge). The
+// engine re-seeds ids at every node (with_origin) and tags them with the
+// contribution they arrive as (tag_contributor); following them back from an
+// input element walks the best path(s). ids are stored in the value's dtype:
+// the engine checks they stay exactly representable.
+#pragma once
+#include "semiring.h"
+
+namespace torch_semiring {
+
+class ProvenanceSemiring final : public Semiring {
+ public:
+  enum class Kind { MaxPlus, MaxTimes, Signed, TopK };
+  ProvenanceSemiring(Kind kind, int64_t k) : kind_(kind), E_(kind == Kind::Signed ? 2 : kind == Kind::TopK ? k : 1) {
+    TORCH_CHECK(E_ >= 1, "torch_semiring: kmax paths need k >= 1");
+  }
+  std::string name() const override {
+    switch (kind_) {
+      case Kind::MaxPlus: return "viterbi+paths";
+      case Kind::MaxTimes: return "max_abs+paths";
+      case Kind::Signed: return "max_prod+paths";
+      default: return "kmax+paths";
+    }
+  }
+  int64_t components() const override { return 2 * E_; }
+  bool tracks_origin() const override { return true; }
+  int64_t origin_entries() const override { return E_; }
+  Tensor readout(const Tensor& v) const override {
+    return kind_ == Kind::TopK ? scores(v).movedim(0, -1) : scores(v).select(0, 0);
+  }
+  Tensor with_origin(const Tensor& v, int64_t first) const override {
+    auto elements = v.numel() / v.size(0);
+    auto flat = at::arange(first, first + elements, v.options()).view(v.sizes().slice(1));
+    auto entry = at::arange(E_, v.options()).view(pad_shape(v.dim()));
+    return at::cat({scores(v), flat.unsqueeze(0) * E_ + entry}, 0);
+  }
+  Tensor tag_contributor(const Tensor& v, int64_t e, int64_t n) const override {
+    return at::cat({scores(v), at::where(ids(v) >= 0, ids(v) * n + e, ids(v))}, 0);
+  }
+
+ protected:
+  static constexpr double kInf = std::numeric_limits<double>::infinity();
+  Tensor scores(const Tensor& v) const { return v.narrow(0, 0, E_); }
+  Tensor ids(const Tensor& v) const { return v.narrow(0, E_, E_); }
+  std::vector<int64_t> pad_shape(int64_t dim) const {
+    std::vector<int64_t> s(dim, 1);
+    s[0] = E_;
+    return s;
+  }
+  Tensor pack(const Tensor& s, const Tensor& i) const { return at::cat({s, i}, 0); }
+  Tensor no_ids(const Tensor& s) const { return at::full_like(s, -1); }
+
+  Tensor do_zero(at::IntArrayRef shape, const at::TensorOptions& o) const override {
+    std::vector<double> c(2 * E_, -1.0);
+    double z = kind_ == Kind::MaxTimes ? 0.0 : -kInf;
+    for (int64_t r = 0; r < E_; ++r) c[r] = z;
+    if (kind_ == Kind::Signed) c[1] = kInf;
+    return constant_value(c, shape, o);
+  }
+  Tensor do_one(at::IntArrayRef shape, const at::TensorOptions& o) const override {
+    std::vector<double> c(2 * E_, -1.0);
+    for (int64_t r = 0; r < E_; ++r) c[r] = kind_ == Kind::TopK && r > 0 ? -kInf : (kind_ == Kind::MaxPlus || kind_ == Kind::TopK ? 0.0 : 1.0);
+    return constant_value(c, shape, o);
+  }
+  Tensor do_lift(const Tensor& w) const override {
+    std::vector<int64_t> shape(w.sizes().begin(), w.sizes().end());
+    auto s = one(shape, w.options());
+    return do_otimes_edge(s, w);
+  }
+  Tensor do_otimes(const Tensor& a, const Tensor& b) const override {
+    TORCH_CHECK(false, "torch_semiring: ", name(), " combines values with edges only (value ⊗ value has no "
+                "single back-pointer); this rule needs a rule written with otimes_edge");
+  }
+  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
+    auto s = scores(a);
+    auto id = ids(a);
+    switch (kind_) {
+      case Kind::MaxPlus:
+      case Kind::TopK:
+        return pack(s + w.abs().log(), id.expand(at::infer_size(id.sizes(), (s + w.abs().log()).sizes())));
+      case Kind::MaxTimes: {
+        auto out = s * w.abs();
+        return pack(out, id.expand(out.sizes()));
+      }
+      default: {
+        auto M = s.select(0, 0), m = s.select(0, 1);
+        auto hi = M * w, lo = m * w;
+        auto negative = (w < 0).expand_as(hi);
+        auto empty = (M == -kInf).logical_or(w == 0);
+        auto newM = at::where(empty, -kInf, at::where(negative, lo, hi));
+        auto newm = at::where(empty, kInf, at::where(negative, hi, lo));
+        auto idM = id.select(0, 0).expand_as(hi), idm = id.select(0, 1).expand_as(hi);
+        auto newIdM = at::where(empty, -1.0, at::where(negative, idm, idM));
+        auto newIdm = at::where(empty, -1.0, at::where(negative, idM, idm));
+        return at::stack({newM, newm, newIdM, newIdm});
+      }
+    }
+  }
+  Tensor do_oplus(const Tensor& a, const Tensor& b) const override {
+    auto shape = at::infer_size(a.sizes(), b.sizes());
+    auto A = a.expand(shape), B = b.expand(shape);
+    if (kind_ == Kind::TopK) {
+      auto s = at::cat({scores(A), scores(B)}, 0), i = at::cat({ids(A), ids(B)}, 0);
+      auto order = std::get<1>(s.sort(std::optional<bool>(true), 0, /*descending=*/true)).narrow(0, 0, E_);
+      return pack(s.gather(0, order), i.gather(0, order));
+    }
+    auto sa = scores(A), sb = scores(B);
+    Tensor take_b;
+    if (kind_ == Kind::Signed) {
+      take_b = at::stack({sb.select(0, 0) > sa.select(0, 0), sb.select(0, 1) < sa.select(0, 1)});
+    } else {
+      take_b = sb > sa;
+    }
+    return pack(at::where(take_b, sb, sa), at::where(take_b, ids(B), ids(A)));
+  }
+  Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
+    if (dims.empty()) return a;
+    // reduced dims to the end, flattened: select there, gather the ids.
+    std::vector<int64_t> order{0}, kept;
+    for (int64_t d = 1; d < a.dim(); ++d)
+      if (std::find(dims.begin(), dims.end(), d) == dims.end()) {
+        order.push_back(d);
+        kept.push_back(a.size(d));
+      }
+    for (auto d : dims) order.push_back(d);
+    std::vector<int64_t> flat{a.size(0)};
+    flat.insert(flat.end(), kept.begin(), kept.end());
+    flat.push_back(-1);
+    auto x = a.permute(order).reshape(flat);  // (2E, *kept, R)
+    auto s = scores(x), id = ids(x);
+    Tensor best_s, best_id;
+    if (kind_ == Kind::TopK) {
+      auto cand_s = s.movedim(0, -1).flatten(-2, -1);  // (*kept, E·R)
+      auto cand_i = id.movedim(0, -1).flatten(-2, -1);
+      auto pick = std::get<1>(cand_s.sort(std::optional<bool>(true), -1, true)).narrow(-1, 0, E_);
+      best_s = cand_s.gather(-1, pick).movedim(-1, 0);
+      best_id = cand_i.gather(-1, pick).movedim(-1, 0);
+    } else if (kind_ == Kind::Signed) {
+      auto iM = s.select(0, 0).argmax(-1, true), im = s.select(0, 1).argmin(-1, true);
+      best_s = at::stack({s.select(0, 0).gather(-1, iM).squeeze(-1), s.select(0, 1).gather(-1, im).squeeze(-1)});
+      best_id = at::stack({id.select(0, 0).gather(-1, iM).squeeze(-1), id.select(0, 1).gather(-1, im).squeeze(-1)});
+    } else {
+      auto i = s.argmax(-1, true);  // first maximum: deterministic ties
+      best_s = s.gather(-1, i).squeeze(-1);
+      best_id = id.gather(-1, i).squeeze(-1);
+    }
+    auto out = pack(best_s, best_id);
+    if (keepdim)
+      for (auto d : dims) out = out.unsqueeze(d);
+    return out;
+  }
+
+ private:
+  Kind kind_;
+  int64_t E_;
+};
+
+}  // namespace torch_semiring

@@ -1,0 +1,356 @@
+"""The best gradient paths themselves, labelled: ``ts.top_paths`` and ``ts.component_flow``.
+
+A max semiring (viterbi, max_abs, max_prod, kmax) selects one path per
+element at every ⊕. The engine runs its *provenance* version (values carry, per
+selected entry, an id of where it came from: which contribution to the buffer,
+which element of the producing node's outputs) and keeps what arrived at every
+tensor; following the ids back from an input element walks the path(s) to the
+output. Memory is opt-in: only these functions record anything.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Optional, Sequence
+
+import torch
+
+from . import _C
+from .engine import _as_tuple, _edge_of, _roots_and_seeds
+from .semirings import Part, Resolved
+
+#: semirings whose ⊕ selects a path
+PATH_SEMIRINGS = ("viterbi", "max_abs", "max_prod", "kmax")
+
+
+@dataclass
+class Step:
+    """One tensor element on a path (paths run from an input element to the output)."""
+
+    node: str  # autograd node that produced the tensor ("leaf" for leaves)
+    module: Optional[str]  # qualified name of the module that produced it, when known
+    shape: tuple
+    index: tuple  # the element's index in the tensor
+    token: Optional[int]  # decoded token position, where the layout makes it knowable
+    head: Optional[int]  # decoded attention head, likewise
+    value: float  # semiring value of the best path(s) from this element to the output
+    edge_weight: Optional[float] = None  # local derivative to the next step's element (None at the output)
+
+
+@dataclass
+class Path:
+    semiring: str
+    value: float  # the path's semiring value (= the readout at its input element)
+    input: int  # which of `inputs` it starts in
+    rank: int  # 0 = best
+    steps: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self, **kwargs) -> str:
+        return json.dumps(self.to_dict(), **kwargs)
+
+    def to_dataframe(self):
+        import pandas as pd
+
+        return pd.DataFrame([asdict(s) for s in self.steps])
+
+    def to_networkx(self):
+        import networkx as nx
+
+        graph = nx.DiGraph(semiring=self.semiring, value=self.value, rank=self.rank)
+        for i, s in enumerate(self.steps):
+            graph.add_node(i, **{k: v for k, v in asdict(s).items() if v is not None})
+            if i:
+                graph.add_edge(i - 1, i, weight=self.steps[i - 1].edge_weight)
+        return graph
+
+    def describe(self) -> str:
+        lines = [f"#{self.rank} {self.semiring} value {self.value:.6g} (input {self.input})"]
+        for s in self.steps:
+            where = ", ".join(f"{n}={v}" for n, v in (("token", s.token), ("head", s.head)) if v is not None)
+            weight = "" if s.edge_weight is None else f"  --[{s.edge_weight:+.4g}]-->"
+            lines.append(f"  {s.node:<34} {s.module or '':<40} {str(s.index):<18} {where:<16} "
+                         f"{s.value:+.4g}{weight}")
+        return "\n".join(lines)
+
+
+# ---- running the provenance pass ------------------------------------------------
+
+
+def _provenance_run(outputs, inputs, semiring: str, k: int, grad_outputs):
+    if semiring not in PATH_SEMIRINGS:
+        raise ValueError(
+            f"torch_semiring: semiring '{semiring}' has no paths to extract; paths come from semirings whose ⊕ "
+            f"selects one path: {', '.join(PATH_SEMIRINGS)}"
+        )
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"torch_semiring: k must be a positive integer, got {k!r}")
+    if k > 1 and semiring == "max_prod":
+        raise ValueError("torch_semiring: k > 1 paths rank by log-magnitude: use semiring='kmax' (or viterbi)")
+    kind = "kmax" if (k > 1 or semiring == "kmax") else semiring
+    handle = _C.make_provenance(kind, k)
+    sr = Resolved(handle, (Part(kind, ("paths", kind, k), handle),))
+    outputs = _as_tuple(outputs)
+    for i, out in enumerate(outputs):
+        if grad_outputs is None and out.numel() != 1:
+            raise ValueError(
+                f"torch_semiring: outputs[{i}] has shape {tuple(out.shape)}; paths need a scalar output or "
+                "grad_outputs (the weight of each output element)"
+            )
+    roots, seeds = _roots_and_seeds(sr, outputs, grad_outputs)
+    targets = [_edge_of(x, f"inputs[{i}]") for i, x in enumerate(inputs)]
+    with torch.no_grad():
+        captured, in_graph, _, _, records = _C.run_backward(handle, roots, seeds, targets, True, False, False, True)
+    return handle, kind, captured, in_graph, records, targets
+
+
+class _Tracer:
+    """Follows origin ids back through the recorded buffers."""
+
+    def __init__(self, handle, records, model=None, seq_len=None, num_heads=None):
+        self.E = handle.origin_entries
+        self.records = {}
+        self._keep = []  # node objects stay alive, so id() keys stay valid
+        for node, slot, value, contributors, n in records:
+            self._keep.append(node)
+            self.records[(id(node), slot)] = (node, value.reshape(value.shape[0], -1), value.shape[1:],
+                                              contributors, n)
+        self.param_names = {}
+        if model is not None:
+            self.param_names = {id(p): name for name, p in model.named_parameters()}
+            cfg = getattr(model, "config", None)
+            num_heads = num_heads or getattr(cfg, "num_attention_heads", None) or getattr(cfg, "n_head", None)
+        self.seq_len, self.num_heads = seq_len, num_heads
+
+    def _label(self, node, slot, shape, flat):
+        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(shape))) if shape else ()
+        if hasattr(node, "variable"):
+            name, module = "leaf", self.param_names.get(id(node.variable))
+        else:
+            name, module = node.name(), (node.metadata.get("module") if hasattr(node, "metadata") else None)
+        token = head = None
+        dims = list(shape)
+        if self.seq_len is not None:
+            if self.num_heads and len(dims) >= 4 and dims[1] == self.num_heads and dims[2] == self.seq_len:
+                head, token = index[1], index[2]
+            else:
+                for d in range(1 if len(dims) > 1 else 0, len(dims)):
+                    if dims[d] == self.seq_len:
+                        token = index[d]
+                        break
+        return name, module, tuple(dims), index, token, head
+
+    def trace(self, node, slot, flat, entry):
+        """[(node, slot, flat, entry, score)] from an input element to the output."""
+        chain = []
+        while True:
+            key = (id(node), slot)
+            if key not in self.records:
+                raise RuntimeError(f"torch_semiring: no recorded value for {node.name()} slot {slot}")
+            node, values, shape, contributors, n = self.records[key]
+            score = float(values[entry, flat])
+            origin = values[self.E + entry, flat].item()
+            chain.append((node, slot, flat, entry, score, shape))
+            if origin < 0:
+                raise RuntimeError("torch_semiring: a path ended without reaching the output (no origin id)")
+            origin = int(origin)
+            producer, edge = contributors[origin % n]
+            rest = origin // n
+            entry, element = rest % self.E, rest // self.E
+            if producer is None:  # the virtual root: we are at an output element
+                return chain
+            slot, flat = self._locate(producer, element)
+            chain[-1] = chain[-1] + ((producer, edge, slot, flat),)
+            node = producer
+
+    @staticmethod
+    def _locate(node, element):
+        for slot, meta in enumerate(node._input_metadata):
+            size = math.prod(meta.shape)
+            if element < size:
+                return slot, element
+            element -= size
+        raise RuntimeError(f"torch_semiring: origin element beyond the outputs of {node.name()}")
+
+
+def _local_derivative(producer, edge, out_slot, out_flat, in_shape, in_flat) -> Optional[float]:
+    """∂(producer output element)/∂(input element) as the node's own backward computes it."""
+    grads = [torch.zeros(m.shape, dtype=m.dtype, device=m.device) for m in producer._input_metadata]
+    grads[out_slot].view(-1)[out_flat] = 1
+    try:
+        with torch.no_grad():
+            result = producer(*grads)
+    except TypeError:  # Python autograd.Function nodes are not callable this way
+        return None
+    if isinstance(result, torch.Tensor):
+        result = (result,)
+    g = result[edge]
+    if g is None:
+        return 0.0
+    return float(g.sum_to_size(in_shape).reshape(-1)[in_flat]) if tuple(g.shape) != tuple(in_shape) \
+        else float(g.reshape(-1)[in_flat])
+
+
+def top_paths(
+    output,
+    inputs,
+    semiring: str = "viterbi",
+    k: int = 1,
+    model: Optional[torch.nn.Module] = None,
+    grad_outputs=None,
+    seq_len: Optional[int] = None,
+    num_heads: Optional[int] = None,
+) -> list[Path]:
+    """The k best element-level gradient paths from any element of ``inputs`` to ``output``.
+
+    Each :class:`Path` lists its steps from the input element to the output
+    element: autograd node, module (when the forward ran inside
+    :func:`track_modules`), shape, index (token / head decoded when ``seq_len``
+    is given), the local edge weight to the next step, and the running value.
+    A path's ``value`` equals the semiring readout at its input element (for
+    k > 1: the k largest path log-magnitudes, as ``kmax``). The graph is kept
+    (retain_graph) so the edge weights can be read from the nodes.
+    """
+    inputs = list(_as_tuple(inputs))
+    handle, kind, captured, in_graph, records, targets = _provenance_run(output, inputs, semiring, k, grad_outputs)
+    tracer = _Tracer(handle, records, model, seq_len, num_heads)
+    E = handle.origin_entries
+    candidates = []  # (score, input, flat, entry)
+    for i, (value, used) in enumerate(zip(captured, in_graph)):
+        if not used or value is None:
+            continue
+        flat = value.reshape(value.shape[0], -1)
+        for entry in range(E if kind == "kmax" else 1):
+            scores = flat[entry]
+            best = torch.topk(scores, min(k, scores.numel())).indices
+            candidates += [(float(scores[j]), i, int(j), entry) for j in best if math.isfinite(float(scores[j]))]
+    if kind == "max_abs":
+        candidates = [c for c in candidates if c[0] > 0]
+    candidates.sort(key=lambda c: (-c[0], c[1], c[2], c[3]))
+    paths = []
+    for rank, (score, i, flat, entry) in enumerate(candidates[:k]):
+        node, slot = targets[i]
+        chain = tracer.trace(node, slot, flat, entry)
+        steps = []
+        for link in chain:
+            n, s, f, _, value, shape = link[:6]
+            name, module, dims, index, token, head = tracer._label(n, s, shape, f)
+            weight = None
+            if len(link) > 6:
+                producer, edge, out_slot, out_flat = link[6]
+                weight = _local_derivative(producer, edge, out_slot, out_flat, shape, f)
+            steps.append(Step(name, module, dims, index, token, head, value, weight))
+        readout = "max_prod" if kind == "max_prod" else semiring if kind != "kmax" else "kmax"
+        paths.append(Path(readout, score, i, rank, steps))
+    return paths
+
+
+# ---- module labels ------------------------------------------------------------------
+
+
+class track_modules:
+    """Label autograd nodes with the module whose forward created them.
+
+    Use around the forward pass: ``with ts.track_modules(model): out = model(x)``.
+    Nodes get ``grad_fn.metadata["module"]`` = the qualified name of the
+    innermost running module; ``top_paths`` and ``component_flow`` show it.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.stack: list[str] = []
+        self.handles = []
+
+    def __enter__(self):
+        from torch.overrides import TorchFunctionMode
+
+        tracker = self
+
+        class _Label(TorchFunctionMode):
+            def __torch_function__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if tracker.stack:
+                    for t in (out if isinstance(out, (tuple, list)) else (out,)):
+                        fn = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
+                        if fn is not None and "module" not in fn.metadata:
+                            fn.metadata["module"] = tracker.stack[-1]
+                return out
+
+        for name, module in self.model.named_modules():
+            self.handles.append(module.register_forward_pre_hook(lambda m, a, name=name: self.stack.append(name)))
+            self.handles.append(module.register_forward_hook(lambda m, a, o: self.stack.pop()))
+        self.mode = _Label()
+        self.mode.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self.mode.__exit__(*exc)
+        for h in self.handles:
+            h.remove()
+        return False
+
+
+# ---- component flow ----------------------------------------------------------------------
+
+#: module-name endings → branch names (BERT, Llama, GPT-2 MLP…); anything else is the skip branch
+DEFAULT_BRANCHES = {
+    "query": "query", "key": "key", "value": "value", "q_proj": "query", "k_proj": "key", "v_proj": "value",
+    "intermediate.dense": "mlp", "gate_proj": "mlp", "up_proj": "mlp", "c_fc": "mlp", "c_attn": "attention",
+}
+
+
+def _branch(module: Optional[str], branches: dict) -> str:
+    if module:
+        for ending, label in branches.items():
+            if module.endswith(ending):
+                return label
+    return "skip"
+
+
+def component_flow(
+    output,
+    tensors: dict,
+    semiring: str = "viterbi",
+    grad_outputs=None,
+    branches: Optional[dict] = None,
+):
+    """Which consumer branch the top path takes out of each token of each chosen tensor.
+
+    ``tensors`` maps a layer label to a tensor of shape (batch, tokens, hidden)
+    on the graph (e.g. the hidden states entering each attention block; run the
+    forward inside :func:`track_modules` so consumers carry module names). For
+    every layer and token, the best element of the token's hidden vector is
+    followed one step: the module of the node it flows into names the branch
+    (query / key / value / mlp …, ``skip`` for the residual stream). Returns a
+    pandas DataFrame with columns layer, token, branch, value, consumer.
+    """
+    import pandas as pd
+
+    branches = DEFAULT_BRANCHES if branches is None else branches
+    labels = list(tensors)
+    inputs = [tensors[label] for label in labels]
+    handle, kind, captured, in_graph, records, targets = _provenance_run(output, inputs, semiring, 1, grad_outputs)
+    tracer = _Tracer(handle, records)
+    rows = []
+    for label, (node, slot), value, used in zip(labels, targets, captured, in_graph):
+        if not used or value is None:
+            continue
+        scores = value[0]  # (batch, tokens, hidden)
+        if scores.dim() != 3:
+            raise ValueError(f"torch_semiring: tensor '{label}' has shape {tuple(scores.shape)}; "
+                             "component_flow expects (batch, tokens, hidden)")
+        for b in range(scores.shape[0]):
+            for t in range(scores.shape[1]):
+                h = int(scores[b, t].argmax())
+                flat = (b * scores.shape[1] + t) * scores.shape[2] + h
+                chain = tracer.trace(node, slot, flat, 0)
+                consumer = None
+                if len(chain[0]) > 6:
+                    producer = chain[0][6][0]
+                    consumer = producer.metadata.get("module") if hasattr(producer, "metadata") else None
+                rows.append({"layer": label, "batch": b, "token": t, "branch": _branch(consumer, branches),
+                             "value": float(scores[b, t, h]), "consumer": consumer})
+    return pd.DataFrame(rows)
