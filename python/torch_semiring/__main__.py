@@ -77,9 +77,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_semiring")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="semiring backprop on a small attention block")
+    ex = sub.add_parser("explain", help="top gradient paths of a real BERT (default: MiniLM), labelled and drawn")
+    ex.add_argument("--model", default="minilm", help="'minilm' or a local Hugging Face model folder")
+    ex.add_argument("--text", default="the cat sat on the mat")
+    ex.add_argument("--other", default="a kitten rests on a rug", help="the sentence the similarity is taken with")
+    ex.add_argument("--semiring", default="viterbi")
+    ex.add_argument("--k", type=int, default=5)
+    ex.add_argument("--out", default="explain_out")
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo()
+    elif args.command == "explain":
+        from .explain import explain, print_explanation
+
+        result = explain(args.model, args.text, args.other, args.semiring, args.k, args.out)
+        print_explanation(result, args.semiring)
     return 0
 
 

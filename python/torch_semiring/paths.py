@@ -270,18 +270,35 @@ class track_modules:
         tracker = self
 
         class _Label(TorchFunctionMode):
+            # A torch function may create several nodes (F.linear: view, addmm,
+            # view); only the last is its output's grad_fn, so every new node
+            # between the call's inputs and its outputs is labelled.
             def __torch_function__(self, func, types, args=(), kwargs=None):
-                out = func(*args, **(kwargs or {}))
+                kwargs = kwargs or {}
+                out = func(*args, **kwargs)
                 if tracker.stack:
-                    for t in (out if isinstance(out, (tuple, list)) else (out,)):
-                        fn = getattr(t, "grad_fn", None) if isinstance(t, torch.Tensor) else None
-                        if fn is not None and "module" not in fn.metadata:
-                            fn.metadata["module"] = tracker.stack[-1]
+                    inputs = {id(t.grad_fn) for t in _tensors((args, kwargs)) if t.grad_fn is not None}
+                    work = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
+                    while work:
+                        fn = work.pop()
+                        if fn is None or id(fn) in inputs or "module" in fn.metadata or hasattr(fn, "variable"):
+                            continue
+                        fn.metadata["module"] = tracker.stack[-1]
+                        work.extend(n for n, _ in fn.next_functions)
                 return out
 
+        def enter(name):
+            def hook(module, args):
+                self.stack.append(name)  # returns None: the inputs stay as they are
+
+            return hook
+
+        def leave(module, args, output):
+            self.stack.pop()  # returns None: the output stays as it is
+
         for name, module in self.model.named_modules():
-            self.handles.append(module.register_forward_pre_hook(lambda m, a, name=name: self.stack.append(name)))
-            self.handles.append(module.register_forward_hook(lambda m, a, o: self.stack.pop()))
+            self.handles.append(module.register_forward_pre_hook(enter(name)))
+            self.handles.append(module.register_forward_hook(leave))
         self.mode = _Label()
         self.mode.__enter__()
         return self
@@ -291,6 +308,17 @@ class track_modules:
         for h in self.handles:
             h.remove()
         return False
+
+
+def _tensors(tree):
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, (list, tuple)):
+        for item in tree:
+            yield from _tensors(item)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            yield from _tensors(item)
 
 
 # ---- component flow ----------------------------------------------------------------------
