@@ -232,6 +232,36 @@ TS_TILE_FN void run_job(const Job<T>& J) {
   }
 }
 
+#if defined(__x86_64__)
+// viterbi's a + b computed as fma(b, 1, a): the same single rounding (b·1 is
+// exact), so bit-identical, but it runs on the FMA pipes instead of competing
+// with the ⊕ (vmaxps) for the FP-add pipes. On this Zen 4 core a micro-kernel
+// went from ~25 to ~35 G terms/s. The asm is only emitted for 32/64-byte
+// vectors, which are only instantiated in the AVX2+FMA / AVX-512 functions.
+struct MaxPlusOnFma : MaxPlus {
+  template <class V, class T>
+  TS_TILE_FN static V term(T a, V b) {
+    if constexpr (sizeof(V) == 32 || sizeof(V) == 64) {
+      V t = V{} + a;
+      const V one = V{} + T(1);
+      if constexpr (sizeof(T) == 4) {
+        asm("vfmadd231ps %[one], %[b], %[t]" : [t] "+v"(t) : [b] "v"(b), [one] "v"(one));
+      } else {
+        asm("vfmadd231pd %[one], %[b], %[t]" : [t] "+v"(t) : [b] "v"(b), [one] "v"(one));
+      }
+      return t;
+    } else {
+      return a + b;
+    }
+  }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* a, V b) { acc[0] = max_keep(acc[0], term(a[0], b)); }
+};
+using MaxPlusKernel = MaxPlusOnFma;
+#else
+using MaxPlusKernel = MaxPlus;
+#endif
+
 // Register budget: MR·NV·C accumulators (+ MR·NV argmax vectors) plus the NV
 // B vectors must fit the register file (32 zmm; 16 ymm/xmm).
 template <class Op, bool ARG>
@@ -435,7 +465,7 @@ Tensor max_matmul(bool times, const Tensor& g, const Tensor& w) {
   if (times) {
     launch_typed<MaxTimes, false>(ops.g, b, out, nullptr);
   } else {
-    launch_typed<MaxPlus, false>(ops.g, b, out, nullptr);
+    launch_typed<MaxPlusKernel, false>(ops.g, b, out, nullptr);
   }
   return out;
 }
@@ -469,7 +499,7 @@ std::tuple<Tensor, Tensor> max_matmul_argmax(const std::string& semiring, const 
   if (times) {
     launch_typed<MaxTimes, true>(ops.g, b, out, &idx);
   } else {
-    launch_typed<MaxPlus, true>(ops.g, b, out, &idx);
+    launch_typed<MaxPlusKernel, true>(ops.g, b, out, &idx);
   }
   return {out, idx};
 }
