@@ -32,6 +32,8 @@ def value(name, n, gen):
         return torch.stack([torch.maximum(x, y), torch.minimum(x, y)])
     if name == "entropy":
         return torch.stack([x, torch.rand(n, n, generator=gen)])
+    if name == "kmax":  # k = 4 descending scores
+        return torch.randn(4, n, n, generator=gen).sort(0, descending=True).values
     return x[None]
 
 
@@ -57,12 +59,13 @@ def main() -> int:
         base = median_s(lambda: torch.mm(a, b), reps)
         print(f"{n:>5} {'torch.mm (SGEMM)':<22} {base * 1e3:>9.2f} {n ** 3 / base / 1e9:>10.1f} {1.0:>16.2f}")
         w = torch.randn(n, n, generator=gen)
-        for name in ("viterbi", "max_abs", "max_prod", "log", "entropy"):
+        for name in ("viterbi", "max_abs", "max_prod", "log", "entropy", "kmax"):
             g = value(name, n, gen)
-            sr = _C.make_semiring(name, 1)
+            sr = _C.make_semiring(name, g.size(0) if name == "kmax" else 1)
             assert _C.kernel_matmul(name, g, w) is not None, name
             t = median_s(lambda: sr.matmul(g, w), reps)
-            print(f"{n:>5} {name:<22} {t * 1e3:>9.2f} {n ** 3 / t / 1e9:>10.1f} {t / base:>16.2f}")
+            label = "kmax (k=4)" if name == "kmax" else name
+            print(f"{n:>5} {label:<22} {t * 1e3:>9.2f} {n ** 3 / t / 1e9:>10.1f} {t / base:>16.2f}")
         g = value("viterbi", n, gen)
         t = median_s(lambda: _C.kernel_max_matmul_argmax("viterbi", g, w), reps)
         print(f"{n:>5} {'viterbi + argmax':<22} {t * 1e3:>9.2f} {n ** 3 / t / 1e9:>10.1f} {t / base:>16.2f}")

@@ -17,7 +17,8 @@ import torch
 from torch_semiring import _C
 
 INF = math.inf
-KERNEL_SEMIRINGS = ["viterbi", "max_abs", "max_prod", "log", "entropy"]
+KERNEL_SEMIRINGS = ["viterbi", "max_abs", "max_prod", "log", "entropy", "kmax"]
+KMAX_K = 3  # not a power of two: the kernel pads the lists to 4
 ISAS = ["native", "avx2", "portable"]
 
 # (g batch, w batch, M, K, N): odd sizes, unit dims, K = 1, sizes past the
@@ -49,11 +50,15 @@ def isa(request, monkeypatch):
 
 
 def components(name):
-    return 2 if name in ("max_prod", "entropy") else 1
+    return {"max_prod": 2, "entropy": 2, "kmax": KMAX_K}.get(name, 1)
 
 
-def make_value(name, shape, gen, dtype, with_empty=True):
+def make_value(name, shape, gen, dtype, with_empty=True, k=KMAX_K):
     """A random semiring value of element shape `shape`, with some empty entries."""
+    if name == "kmax":  # k descending scores, the tail of some lists −∞
+        x = torch.randn((k, *shape), generator=gen, dtype=torch.float64).sort(0, descending=True).values
+        cut = torch.randint(0 if with_empty else 1, k + 1, shape, generator=gen)
+        return x.masked_fill(torch.arange(k).view(k, *[1] * len(shape)) >= cut, -INF).to(dtype)
     x = torch.randn(shape, generator=gen, dtype=torch.float64)
     empty = torch.rand(shape, generator=gen, dtype=torch.float64) < (0.2 if with_empty else 0.0)
     if name == "max_abs":
@@ -85,6 +90,11 @@ def reference(name, g, w):
         return (g[0][..., None] * w.abs()[..., None, :, :]).amax(-2)[None]
     if name == "log":
         return torch.logsumexp(g[0][..., None] + lw, -2)[None]
+    if name == "kmax":  # the k best of all k·K candidates
+        k = g.size(0)
+        cand = g.movedim(0, -1)[..., None] + lw.unsqueeze(-2)  # (…, M, K, k, N)
+        cand = cand.reshape(*cand.shape[:-3], -1, cand.size(-1))  # (…, M, K·k, N)
+        return cand.topk(k, dim=-2).values.movedim(-2, 0)
     if name == "max_prod":
         hi, lo = g[0][..., None], g[1][..., None]
         ww = w[..., None, :, :]
@@ -120,7 +130,7 @@ def check(name, g, w, **tol):
     fin = ~ref.isinf()
     torch.testing.assert_close(out.double()[fin], ref[fin], **(tol or tolerances(g.dtype, g.size(-1))))
     # the semiring's matmul goes through the same kernel
-    sr = _C.make_semiring(name, 1)
+    sr = _C.make_semiring(name, g.size(0) if name == "kmax" else 1)
     assert torch.equal(sr.matmul(g, w), out)
     return out
 
@@ -162,7 +172,8 @@ def test_kernel_no_paths(name, dtype, isa):
     gen = torch.Generator().manual_seed(3)
     g = make_value(name, (9, 40), gen, dtype, with_empty=False)
     empty = make_value(name, (1, 40), gen, dtype)
-    empty_row = {"max_abs": [0.0], "viterbi": [-INF], "log": [-INF], "max_prod": [-INF, INF], "entropy": [-INF, 0.0]}
+    empty_row = {"max_abs": [0.0], "viterbi": [-INF], "log": [-INF], "max_prod": [-INF, INF], "entropy": [-INF, 0.0],
+                 "kmax": [-INF] * KMAX_K}
     g[:, 4] = torch.tensor(empty_row[name], dtype=dtype)[:, None]
     w = make_weights((40, 35), gen, dtype)
     w[:, 0] = 0
@@ -188,7 +199,7 @@ def test_kernel_does_not_apply(name):
     w[1, 1] = INF
     assert _C.kernel_matmul(name, g, w) is None
     assert _C.kernel_matmul(name, g[..., :0], w[:0]) is None  # K = 0: the generic path knows the zero
-    sr = _C.make_semiring(name, 1)
+    sr = _C.make_semiring(name, C)
     out = sr.matmul(g[..., :0], torch.ones(0, 3, dtype=torch.float64))
     assert out.shape == (C, 4, 3)
     if name == "max_abs":
@@ -197,6 +208,21 @@ def test_kernel_does_not_apply(name):
         assert _C.kernel_matmul(name, bad, torch.ones(5, 3, dtype=torch.float64)) is None
     with pytest.raises(ValueError, match="no matmul kernel"):
         _C.kernel_matmul("kmax_nope", g, w)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 5, 8])
+def test_kmax_list_lengths(k, isa):
+    """Every padded list length (2, 4, 8) and k = 1 (the max-plus kernel); ties kept."""
+    gen = torch.Generator().manual_seed(k)
+    for gb, wb, M, K, N in SHAPES[:7]:
+        g = make_value("kmax", (*gb, M, K), gen, torch.float32, k=k)
+        w = make_weights((*wb, K, N), gen, torch.float32)
+        check("kmax", g, w)
+    # integer scores and |w| = 1: many equal candidates
+    g = torch.randint(-2, 2, (k, 6, 30), generator=gen).sort(0, descending=True).values.double()
+    check("kmax", g, torch.randint(-1, 2, (30, 9), generator=gen).double())
+    assert _C.kernel_matmul("kmax", make_value("kmax", (3, 4), gen, torch.float32, k=9),
+                            torch.ones(4, 2)) is None  # k > 8: generic path
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

@@ -58,6 +58,7 @@ struct Job {
   int64_t M, N, K;
   const T* a;
   int64_t a_c, a_m, a_k;
+  int64_t a_components;  // components present in g; packing pads the rest with the zero (kmax)
   const T* b;
   int64_t b_k, b_n;
   T* c;
@@ -194,7 +195,9 @@ TS_TILE_FN void run_job(const Job<T>& J) {
           for (int i = 0; i < MR; ++i) {
             const int64_t m = m0 + s * MR + i;
             for (int q = 0; q < C; ++q)
-              dst[(k * MR + i) * C + q] = m < M ? J.a[q * J.a_c + m * J.a_m + (k0 + k) * J.a_k] : T(0);
+              dst[(k * MR + i) * C + q] = m >= M                ? T(0)
+                                          : q < J.a_components ? J.a[q * J.a_c + m * J.a_m + (k0 + k) * J.a_k]
+                                                               : Op::template zero<T>(q);
           }
         }
       }
@@ -264,9 +267,13 @@ using MaxPlusKernel = MaxPlus;
 
 // Register budget: MR·NV·C accumulators (+ MR·NV argmax vectors) plus the NV
 // B vectors must fit the register file (32 zmm; 16 ymm/xmm).
+// (12×2 / 6×2 tiles for one component; 6 / 3 rows for pairs and argmax; kmax
+// with KP scores down to 1 row.)
 template <class Op, bool ARG>
 constexpr int mr_for(int registers) {
-  return (Op::kComponents == 1 && !ARG) ? (registers == 32 ? 12 : 6) : (registers == 32 ? 6 : 3);
+  const int per_row = 2 * Op::kComponents * (ARG ? 2 : 1);  // NV = 2 vectors per row
+  const int free = registers == 32 ? 24 : 12;
+  return std::max(1, free / per_row);
 }
 
 enum class Isa { kPortable, kAvx2, kAvx512 };
@@ -345,6 +352,7 @@ void launch(const Tensor& a, const Tensor& b, Tensor& out, Tensor* idx) {
   Job<T> J;
   J.M = M, J.N = N, J.K = K;
   J.a_c = a.stride(0), J.a_m = a.stride(-2), J.a_k = a.stride(-1);
+  J.a_components = a.size(0);
   J.b_k = b.stride(-2), J.b_n = b.stride(-1);
   J.c_c = out.stride(0);
   J.apack = apack, J.bpack = bpack;
@@ -517,6 +525,31 @@ Tensor max_prod_matmul(const Tensor& g, const Tensor& w) {
   auto out = at::empty(ops.out_shape, g.options());
   launch_typed<MaxProdPair, false>(a, b, out, nullptr);
   return out;
+}
+
+Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k) {
+  BatchedOperands ops;
+  if (k < 1 || k > 8 || g.size(0) != k || !kernel_applies(g, w, ops) || !max_inputs_ok(false, g, w)) return {};
+  auto b = lifted(false, ops.w);
+  if (k == 1) {  // one score: the max-plus product itself
+    auto out = at::empty(ops.out_shape, g.options());
+    launch_typed<MaxPlusKernel, false>(ops.g, b, out, nullptr);
+    return out;
+  }
+  // Lists padded with −∞ to a power of two (packing pads g; the padded scores
+  // stay −∞ and are cut off).
+  const int64_t kp = k <= 2 ? 2 : k <= 4 ? 4 : 8;
+  auto shape = ops.out_shape;
+  shape[0] = kp;
+  auto out = at::empty(shape, g.options());
+  if (kp == 2) {
+    launch_typed<TopKMerge<2, MaxPlusKernel>, false>(ops.g, b, out, nullptr);
+  } else if (kp == 4) {
+    launch_typed<TopKMerge<4, MaxPlusKernel>, false>(ops.g, b, out, nullptr);
+  } else {
+    launch_typed<TopKMerge<8, MaxPlusKernel>, false>(ops.g, b, out, nullptr);
+  }
+  return out.narrow(0, 0, k);
 }
 
 }  // namespace kernels

@@ -35,6 +35,9 @@ std::tuple<Tensor, Tensor> max_matmul_argmax(const std::string& semiring, const 
 // max_prod: (max_k max(M·w, m·w), min_k min(M·w, m·w)) over edges w != 0 and
 // non-empty g (M != −∞); nothing → (−∞, +∞).
 Tensor max_prod_matmul(const Tensor& g, const Tensor& w);
+// kmax(k), k <= 8: the k best of the k·K candidate scores g[j, m, k'] + log|w[k', n]|,
+// descending (−∞ padded). Larger k → undefined (generic path).
+Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k);
 // log: logsumexp_k g + log|w|, by exp-shifted GEMMs (exp_shift_gemm.cpp).
 Tensor log_matmul(const Tensor& g, const Tensor& w);
 // entropy: the (ℓ, h) pair product, by exp-shifted GEMMs (exp_shift_gemm.cpp).

@@ -72,5 +72,39 @@ struct MaxProdPair {
   }
 };
 
+// kmax: a value is the KP best scores of an element, descending (a kmax(k)
+// value padded with −∞ up to the power of two KP). ⊗ by an edge adds the one
+// score log|w| to each (order kept); ⊕ keeps the top KP of the union. The
+// union of two descending KP-lists is merged as in a bitonic sorter: the
+// elementwise max of one list and the other reversed holds exactly the top KP
+// (as a V-shaped, i.e. bitonic, sequence), and log2(KP) half-cleaner stages
+// sort it — KP/2·log2(KP)+KP compare-exchanges instead of KP² for insertion.
+// `Term` supplies the addition (MaxPlus, or a faster bit-identical variant).
+template <int KP, class Term = MaxPlus>
+struct TopKMerge {
+  static_assert(KP >= 2 && (KP & (KP - 1)) == 0, "TopKMerge: KP must be a power of two >= 2");
+  static constexpr int kComponents = KP;
+  template <class T>
+  static constexpr T zero(int) { return -std::numeric_limits<T>::infinity(); }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* a, V b) {
+    V c[KP];
+#pragma GCC unroll 8
+    for (int q = 0; q < KP; ++q) c[q] = max_keep(acc[q], Term::term(a[KP - 1 - q], b));
+#pragma GCC unroll 4
+    for (int d = KP / 2; d >= 1; d /= 2) {
+#pragma GCC unroll 8
+      for (int i = 0; i < KP; ++i) {
+        if (i & d) continue;
+        V hi = max_keep(c[i + d], c[i]), lo = min_keep(c[i + d], c[i]);
+        c[i] = hi;
+        c[i + d] = lo;
+      }
+    }
+#pragma GCC unroll 8
+    for (int q = 0; q < KP; ++q) acc[q] = c[q];
+  }
+};
+
 }  // namespace kernels
 }  // namespace torch_semiring

@@ -188,6 +188,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     else if (name == "max_prod") out = kernels::max_prod_matmul(g, w);
     else if (name == "log") out = kernels::log_matmul(g, w);
     else if (name == "entropy") out = kernels::entropy_matmul(g, w);
+    else if (name == "kmax") out = kernels::kmax_matmul(g, w, g.size(0));  // k = the value's components
     else TORCH_CHECK_VALUE(false, "torch_semiring: no matmul kernel for semiring '", name, "'");
     return out.defined() ? py::cast(out) : py::none();
   });
