@@ -13,6 +13,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 
 #include <string>
 #include <tuple>

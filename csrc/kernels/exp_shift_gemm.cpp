@@ -32,7 +32,11 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 bool gemm_dtype(const Tensor& g, const Tensor& w) {
   auto t = g.scalar_type();
   return g.device().is_cpu() && w.device().is_cpu() && (t == at::kFloat || t == at::kDouble) &&
-         w.scalar_type() == t && !g.requires_grad() && !w.requires_grad();
+         w.scalar_type() == t &&
+         // The kernels are not differentiable: leave a graph-building call
+         // (create_graph) to the generic ATen path. The engine otherwise runs
+         // with grad mode off, where saved weights that require grad are fine.
+         !(at::GradMode::is_enabled() && (g.requires_grad() || w.requires_grad()));
 }
 
 std::pair<double, double> range_of(const Tensor& t) {
