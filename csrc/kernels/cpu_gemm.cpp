@@ -21,6 +21,7 @@
 #include "kernels/tile_arithmetic.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -349,6 +350,7 @@ void launch(const Tensor& a, const Tensor& b, Tensor& out, Tensor* idx) {
   T* apack = bpack + b_elems;
 
   auto kernel = pick_kernel<Op, T, ARG>();
+  count_kernel_call();
   Job<T> J;
   J.M = M, J.N = N, J.K = K;
   J.a_c = a.stride(0), J.a_m = a.stride(-2), J.a_k = a.stride(-1);
@@ -451,6 +453,12 @@ bool broadcast_operands(const Tensor& g, const Tensor& w, BatchedOperands& out) 
   out.out_shape.back() = N;
   return true;
 }
+
+namespace {
+std::atomic<int64_t> calls{0};
+}
+int64_t kernel_calls() { return calls.load(); }
+void count_kernel_call() { calls.fetch_add(1, std::memory_order_relaxed); }
 
 std::string kernel_isa() {
   switch (detect_isa()) {

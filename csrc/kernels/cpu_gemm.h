@@ -49,6 +49,12 @@ Tensor entropy_matmul(const Tensor& g, const Tensor& w);
 // these (or a lower one) to force it — tests use it to cover every path.
 std::string kernel_isa();
 
+// How many products the kernels have computed in this process (every entry
+// point that did not decline counts one): lets tests check that a code path,
+// e.g. the engine's matmul rules, really reaches the kernels.
+int64_t kernel_calls();
+void count_kernel_call();
+
 // Shared by the kernel entry points: g and w broadcast to a common batch shape
 // (views, no copies) and the output shape. Returns false when the shapes do
 // not fit a semiring matmul (the caller falls back, which raises the error).

@@ -120,6 +120,7 @@ Tensor log_matmul(const Tensor& g, const Tensor& w) {
   auto rw = range_of(ops.w), rg = range_of(ops.g);
   if (!std::isfinite(rw.first) || !std::isfinite(rw.second) || !(rg.second < kInf)) return {};
 
+  count_kernel_call();
   auto a = ops.g.select(0, 0);
   auto f = shift(a, ops.w);
   auto Z = at::matmul(f.P, f.Q);
@@ -151,6 +152,7 @@ Tensor entropy_matmul(const Tensor& g, const Tensor& w) {
       !std::isfinite(rh.second))
     return {};
 
+  count_kernel_call();
   auto f = shift(l, ops.w);
   auto Z = at::matmul(f.P, f.Q);
   auto A = at::matmul(f.P * h, f.Q);
