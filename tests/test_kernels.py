@@ -280,6 +280,19 @@ def test_exp_shift_adversarial_ranges(name, dtype):
     eps = torch.finfo(dtype).eps
     check(name, g, w, rtol=64 * eps, atol=64 * eps * scale)
 
+    # Every row spanning thousands: most entries fail the single shift, the
+    # 64-wide blocks rescue most of them, the rest are recomputed exactly.
+    g = make_value(name, (60, 300), gen, dtype)
+    g[0] = g[0] * 1000
+    w = make_weights((300, 50), gen, dtype)
+    runs, exact = _C.exp_shift_stats()
+    _C.kernel_matmul(name, g, w)
+    runs2, exact2 = _C.exp_shift_stats()
+    print("64-wide blocks:", runs2 - runs, "exact entries:", exact2 - exact, "of", 60 * 50)
+    assert runs2 == runs + 1 and 0 < exact2 - exact < 60 * 50 // 4
+    scale = g[0][g[0].isfinite()].abs().max().item()
+    check(name, g, w, rtol=64 * eps, atol=64 * eps * scale)
+
     # One entry whose only path is 2000 below its row's maximum: the shift
     # alone gives exp(−2000) = 0; the recomputation must find −2000 + log 3.
     g = make_value(name, (1, 2), gen, dtype, with_empty=False)

@@ -44,6 +44,10 @@ Tensor log_matmul(const Tensor& g, const Tensor& w);
 // entropy: the (ℓ, h) pair product, by exp-shifted GEMMs (exp_shift_gemm.cpp).
 Tensor entropy_matmul(const Tensor& g, const Tensor& w);
 
+// Counters of the log/entropy stages so far in this process: (products that
+// needed the 64-wide blocks, entries recomputed exactly).
+std::pair<int64_t, int64_t> exp_shift_stats();
+
 // Which instruction set the SIMD kernels run with on this machine:
 // "avx512", "avx2" or "portable". Set TORCH_SEMIRING_KERNEL_ISA to one of
 // these (or a lower one) to force it — tests use it to cover every path.

@@ -180,6 +180,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kernel_max_matmul_argmax", &kernels::max_matmul_argmax, py::arg("semiring"), py::arg("g"), py::arg("w"));
   m.def("kernel_isa", &kernels::kernel_isa);
   m.def("kernel_calls", &kernels::kernel_calls);
+  m.def("exp_shift_stats", &kernels::exp_shift_stats);
   // One kernel by semiring name, None where it does not apply (the semiring's
   // matmul then takes the generic path): lets tests check the kernel itself.
   m.def("kernel_matmul", [](const std::string& name, const at::Tensor& g, const at::Tensor& w) -> py::object {
