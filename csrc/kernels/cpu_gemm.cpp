@@ -1,5 +1,6 @@
-// Register-blocked CPU GEMMs for the max semirings (max-plus, max-times and
-// the signed max_prod pair), GotoBLAS-style:
+// Register-blocked CPU GEMMs for the max semirings (max-plus, max-times, the
+// signed max_prod pair, kmax's top-k lists; max-plus/max-times optionally with
+// argmax), GotoBLAS-style:
 //
 //   for each block of KC along k:            (B micro-panel KC×NR ≈ 16 KB: L1)
 //     for each block of MC rows of g:        (packed A block ≈ 192 KB: L2)
@@ -8,7 +9,9 @@
 //         for each MR rows: micro-kernel — MR×NR accumulators in registers
 //
 // Packing reads g and w through their strides, so transposed or broadcast
-// (stride-0) operands cost nothing extra. lift(w) is applied once per element
+// (stride-0) operands cost nothing extra (B is re-packed only when a batch
+// entry's w differs from the previous entry's). Single-threaded: the engine calls many small products, and the
+// benchmarks pin one thread. lift(w) is applied once per element
 // with ATen's vectorised log/abs before packing, never per term.
 //
 // One source, three instruction sets: the kernel is written with GCC vector
@@ -343,7 +346,6 @@ void (*pick_kernel())(const Job<T>&) {
 template <class Op, class T, bool ARG>
 void launch(const Tensor& a, const Tensor& b, Tensor& out, Tensor* idx) {
   constexpr int C = Op::kComponents;
-  const int64_t rank = b.dim();  // batch dims + 2
   const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
   std::vector<int64_t> batch(b.sizes().begin(), b.sizes().end() - 2);
   int64_t nbatch = 1;
@@ -388,7 +390,6 @@ void launch(const Tensor& a, const Tensor& b, Tensor& out, Tensor* idx) {
       pos[d] = 0;
     }
   }
-  (void)rank;
 }
 
 template <class Op, bool ARG>
