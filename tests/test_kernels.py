@@ -293,6 +293,16 @@ def test_exp_shift_adversarial_ranges(name, dtype):
     scale = g[0][g[0].isfinite()].abs().max().item()
     check(name, g, w, rtol=64 * eps, atol=64 * eps * scale)
 
+    # The same through broadcast batch dims (the exact stage gathers rows and
+    # columns per batch entry).
+    g = make_value(name, (2, 1, 20, 100), gen, dtype)
+    g[0] = g[0] * 1000
+    w = make_weights((3, 100, 7), gen, dtype)
+    exact = _C.exp_shift_stats()[1]
+    scale = g[0][g[0].isfinite()].abs().max().item()
+    check(name, g, w, rtol=64 * eps, atol=64 * eps * scale)
+    assert _C.exp_shift_stats()[1] > exact
+
     # One entry whose only path is 2000 below its row's maximum: the shift
     # alone gives exp(−2000) = 0; the recomputation must find −2000 + log 3.
     g = make_value(name, (1, 2), gen, dtype, with_empty=False)
