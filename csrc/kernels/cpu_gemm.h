@@ -6,7 +6,8 @@
 // out[m, n] = ⊕_k g[m, k] ⊗ lift(w[k, n]).
 //
 // A function returns an UNDEFINED tensor when it does not apply — a dtype
-// other than float/double, a non-CPU tensor, inputs outside the range the
+// other than float/double, a non-CPU tensor, a graph-building call (grad mode
+// on and an input requiring grad), inputs outside the range the
 // kernel is exact on (NaN, infinities where the generic arithmetic would
 // produce NaN), empty dims — and the caller then takes the generic path. So a
 // kernel never returns a number the generic path would not.
