@@ -2,8 +2,8 @@
 
 One thread, median of several runs, ratios against stock `torch.autograd.grad`
 measured in the same run. Prints a table and writes benchmarks/results.json.
-The semiring kernels are still ATen compositions (a later issue brings
-dedicated GEMMs); the ratios say where that matters.
+The semirings' matrix products run on the CPU kernels of csrc/kernels
+(benchmarks/kernels.py times those alone); the ratios say what is left.
 """
 from __future__ import annotations
 

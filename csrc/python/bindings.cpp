@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include "../engine/engine.h"
+#include "../kernels/cpu_gemm.h"
 #include "../rules/rule.h"
 #include "../semiring/semiring.h"
 
@@ -188,6 +189,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     for (const auto& name : python_rule_names()) unregister_rule(name);
     python_rule_names().clear();
     set_log_sink(nullptr);
+  });
+  // The SIMD kernels' extras that the semiring interface has no place for:
+  // argmax provenance for path extraction, and which ISA runs (for tests).
+  m.def("kernel_max_matmul_argmax", &kernels::max_matmul_argmax, py::arg("semiring"), py::arg("g"), py::arg("w"));
+  m.def("kernel_isa", &kernels::kernel_isa);
+  m.def("kernel_calls", &kernels::kernel_calls);
+  m.def("exp_shift_stats", &kernels::exp_shift_stats);
+  // One kernel by semiring name, None where it does not apply (the semiring's
+  // matmul then takes the generic path): lets tests check the kernel itself.
+  m.def("kernel_matmul", [](const std::string& name, const at::Tensor& g, const at::Tensor& w) -> py::object {
+    at::Tensor out;
+    if (name == "viterbi") out = kernels::max_plus_matmul(g, w);
+    else if (name == "max_abs") out = kernels::max_times_matmul(g, w);
+    else if (name == "max_prod") out = kernels::max_prod_matmul(g, w);
+    else if (name == "log") out = kernels::log_matmul(g, w);
+    else if (name == "entropy") out = kernels::entropy_matmul(g, w);
+    else if (name == "kmax") out = kernels::kmax_matmul(g, w, g.size(0));  // k = the value's components
+    else TORCH_CHECK_VALUE(false, "torch_semiring: no matmul kernel for semiring '", name, "'");
+    return out.defined() ? py::cast(out) : py::none();
   });
   m.def("restore_builtin_rules", &register_builtin_rules);
   m.def("registered_rules", &registered_rules);

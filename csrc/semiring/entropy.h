@@ -9,6 +9,8 @@
 #pragma once
 #include "semiring.h"
 
+#include "kernels/cpu_gemm.h"
+
 namespace torch_semiring {
 
 class EntropySemiring final : public Semiring {
@@ -18,6 +20,11 @@ class EntropySemiring final : public Semiring {
   Tensor readout(const Tensor& v) const override {
     auto l = v.select(0, 0);
     return at::where(l == -kInf, std::numeric_limits<double>::quiet_NaN(), l + v.select(0, 1));
+  }
+  // Exp-shifted GEMMs with exact recomputation of underflowing entries, where they apply.
+  Tensor matmul(const Tensor& g, const Tensor& w) const override {
+    auto fast = kernels::entropy_matmul(g, w);
+    return fast.defined() ? fast : Semiring::matmul(g, w);
   }
 
  protected:

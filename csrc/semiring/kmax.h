@@ -5,6 +5,8 @@
 #pragma once
 #include "semiring.h"
 
+#include "kernels/cpu_gemm.h"
+
 namespace torch_semiring {
 
 class KMaxSemiring final : public Semiring {
@@ -16,6 +18,11 @@ class KMaxSemiring final : public Semiring {
   int64_t components() const override { return k_; }
   Tensor readout(const Tensor& v) const override { return v.movedim(0, -1); }
   int64_t k() const { return k_; }
+  // The blocked top-k merge GEMM kernel where it applies (k <= 8, float/double CPU, finite inputs).
+  Tensor matmul(const Tensor& g, const Tensor& w) const override {
+    auto fast = kernels::kmax_matmul(g, w, k_);
+    return fast.defined() ? fast : Semiring::matmul(g, w);
+  }
 
  protected:
   static constexpr double kInf = std::numeric_limits<double>::infinity();

@@ -3,6 +3,8 @@
 #pragma once
 #include "semiring.h"
 
+#include "kernels/cpu_gemm.h"
+
 namespace torch_semiring {
 
 class LogSemiring final : public Semiring {
@@ -10,6 +12,11 @@ class LogSemiring final : public Semiring {
   std::string name() const override { return "log"; }
   int64_t components() const override { return 1; }
   Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
+  // Exp-shifted GEMMs with exact recomputation of underflowing entries, where they apply.
+  Tensor matmul(const Tensor& g, const Tensor& w) const override {
+    auto fast = kernels::log_matmul(g, w);
+    return fast.defined() ? fast : Semiring::matmul(g, w);
+  }
 
   // Shift by the per-target maximum, add exponentials, shift back: one pass
   // with index_add instead of rounds of binary logaddexp.

@@ -3,6 +3,8 @@
 #pragma once
 #include "semiring.h"
 
+#include "kernels/cpu_gemm.h"
+
 namespace torch_semiring {
 
 class MaxAbsSemiring final : public Semiring {
@@ -11,6 +13,11 @@ class MaxAbsSemiring final : public Semiring {
   int64_t components() const override { return 1; }
   bool zero_is_numeric_zero() const override { return true; }
   Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
+  // The max-times GEMM kernel where it applies (float/double CPU, finite inputs).
+  Tensor matmul(const Tensor& g, const Tensor& w) const override {
+    auto fast = kernels::max_times_matmul(g, w);
+    return fast.defined() ? fast : Semiring::matmul(g, w);
+  }
   Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
     return at::zeros({src.size(0), numel}, src.options())
         .scatter_reduce(1, index.unsqueeze(0).expand_as(src), src, "amax", true);

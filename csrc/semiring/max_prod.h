@@ -6,6 +6,8 @@
 #pragma once
 #include "semiring.h"
 
+#include "kernels/cpu_gemm.h"
+
 namespace torch_semiring {
 
 class MaxProdSemiring final : public Semiring {
@@ -13,6 +15,11 @@ class MaxProdSemiring final : public Semiring {
   std::string name() const override { return "max_prod"; }
   int64_t components() const override { return 2; }
   Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
+  // The signed-pair GEMM kernel where it applies (float/double CPU, no NaN).
+  Tensor matmul(const Tensor& g, const Tensor& w) const override {
+    auto fast = kernels::max_prod_matmul(g, w);
+    return fast.defined() ? fast : Semiring::matmul(g, w);
+  }
   Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
     auto inf = std::numeric_limits<double>::infinity();
     auto idx = index.unsqueeze(0).expand({1, index.size(0)});

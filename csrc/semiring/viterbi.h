@@ -3,6 +3,8 @@
 #pragma once
 #include "semiring.h"
 
+#include "kernels/cpu_gemm.h"
+
 namespace torch_semiring {
 
 class ViterbiSemiring final : public Semiring {
@@ -10,6 +12,11 @@ class ViterbiSemiring final : public Semiring {
   std::string name() const override { return "viterbi"; }
   int64_t components() const override { return 1; }
   Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
+  // The max-plus GEMM kernel where it applies (float/double CPU, finite inputs).
+  Tensor matmul(const Tensor& g, const Tensor& w) const override {
+    auto fast = kernels::max_plus_matmul(g, w);
+    return fast.defined() ? fast : Semiring::matmul(g, w);
+  }
   Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
     return at::full({src.size(0), numel}, -std::numeric_limits<double>::infinity(), src.options())
         .scatter_reduce(1, index.unsqueeze(0).expand_as(src), src, "amax", true);

@@ -1,0 +1,110 @@
+// Per-term ⊕/⊗ arithmetic of the semiring GEMM micro-kernels, kept apart from
+// the blocking and packing so that a CUDA port can include it unchanged.
+//
+// Every function is written once for "V": a scalar (float/double) or a GCC
+// vector-extension type (e.g. 16 floats). The operators used (+, *, <, >, ?:)
+// mean the same for both, and the compiler picks SSE/AVX2/AVX-512
+// instructions from the target of the function it is inlined into.
+//
+// The ⊕ of the max semirings is written `t > acc ? t : acc` (and `t < acc ? …`
+// for min) on purpose: when the term t is NaN the comparison is false and the
+// accumulator is kept. The max_prod kernel uses NaN as the "no edge / empty
+// value" marker for exactly that reason; the callers reject NaN inputs before
+// packing, so a NaN can only be such a marker.
+#pragma once
+
+#include <cstdint>
+#include <limits>
+
+#if defined(__CUDACC__)
+#define TS_TILE_FN __host__ __device__ __forceinline__
+#else
+#define TS_TILE_FN inline __attribute__((always_inline))
+#endif
+
+namespace torch_semiring {
+namespace kernels {
+
+template <class V>
+TS_TILE_FN V max_keep(V acc, V t) { return t > acc ? t : acc; }
+template <class V>
+TS_TILE_FN V min_keep(V acc, V t) { return t < acc ? t : acc; }
+
+// viterbi: out = max_k a + b, b = log|w| (lifted once while packing).
+struct MaxPlus {
+  static constexpr int kComponents = 1;
+  template <class T>
+  static constexpr T zero(int) { return -std::numeric_limits<T>::infinity(); }
+  template <class V, class T>
+  TS_TILE_FN static V term(T a, V b) { return a + b; }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* a, V b) { acc[0] = max_keep(acc[0], term(a[0], b)); }
+};
+
+// max_abs: out = max_k a · b, b = |w|; a, b >= 0 so the zero 0 is neutral.
+struct MaxTimes {
+  static constexpr int kComponents = 1;
+  template <class T>
+  static constexpr T zero(int) { return T(0); }
+  template <class V, class T>
+  TS_TILE_FN static V term(T a, V b) { return a * b; }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* a, V b) { acc[0] = max_keep(acc[0], term(a[0], b)); }
+};
+
+// max_prod: a value is the pair (M, m) of extreme signed path products;
+// ⊗ by the edge w gives (max(Mw, mw), min(Mw, mw)), ⊕ is (max, min).
+// An empty value (M = −∞) and a zero edge (w = 0, no edge) are packed as NaN,
+// so that both products are NaN and max_keep/min_keep drop the term — without
+// it −∞·w or +∞·0 would produce wrong infinities or NaN.
+struct MaxProdPair {
+  static constexpr int kComponents = 2;
+  // component 0 (M) starts at −∞, component 1 (m) at +∞: the empty set.
+  template <class T>
+  static constexpr T zero(int c) {
+    return c == 0 ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
+  }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* a, V b) {
+    V p = a[0] * b, q = a[1] * b;
+    acc[0] = max_keep(max_keep(acc[0], p), q);
+    acc[1] = min_keep(min_keep(acc[1], p), q);
+  }
+};
+
+// kmax: a value is the KP best scores of an element, descending (a kmax(k)
+// value padded with −∞ up to the power of two KP). ⊗ by an edge adds the one
+// score log|w| to each (order kept); ⊕ keeps the top KP of the union. The
+// union of two descending KP-lists is merged as in a bitonic sorter: the
+// elementwise max of one list and the other reversed holds exactly the top KP
+// (as a V-shaped, i.e. bitonic, sequence), and log2(KP) half-cleaner stages
+// sort it — KP/2·log2(KP)+KP compare-exchanges instead of KP² for insertion.
+// `Term` supplies the addition (MaxPlus, or a faster bit-identical variant).
+template <int KP, class Term = MaxPlus>
+struct TopKMerge {
+  static_assert(KP >= 2 && (KP & (KP - 1)) == 0, "TopKMerge: KP must be a power of two >= 2");
+  static constexpr int kComponents = KP;
+  template <class T>
+  static constexpr T zero(int) { return -std::numeric_limits<T>::infinity(); }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* a, V b) {
+    V c[KP];
+#pragma GCC unroll 8
+    for (int q = 0; q < KP; ++q) c[q] = max_keep(acc[q], Term::term(a[KP - 1 - q], b));
+#pragma GCC unroll 4
+    for (int d = KP / 2; d >= 1; d /= 2) {
+#pragma GCC unroll 8
+      for (int i = 0; i < KP; ++i) {
+        if (i & d) continue;
+        V hi = max_keep(c[i + d], c[i]), lo = min_keep(c[i + d], c[i]);
+        c[i] = hi;
+        c[i + d] = lo;
+      }
+    }
+#pragma GCC unroll 8
+    for (int q = 0; q < KP; ++q) acc[q] = c[q];
+  }
+};
+
+}  // namespace kernels
+}  // namespace torch_semiring

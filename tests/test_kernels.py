@@ -1,0 +1,335 @@
+"""The CPU semiring GEMM kernels (csrc/kernels) against naive float64 references.
+
+Each kernel is called directly (`_C.kernel_matmul`, which returns None where a
+kernel does not apply) so a test cannot pass through the generic path by
+accident; the semiring's own `matmul` must then return the same tensor.
+Shapes cross every blocking edge of the kernels (MR/NR tiles, the KC and MC
+blocks), include 1-element dims, K = 1, transposed / strided / broadcast
+operands, −∞ and 0 entries, and run on every instruction set this CPU has.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from torch_semiring import _C
+
+INF = math.inf
+KERNEL_SEMIRINGS = ["viterbi", "max_abs", "max_prod", "log", "entropy", "kmax"]
+KMAX_K = 3  # not a power of two: the kernel pads the lists to 4
+ISAS = ["native", "avx2", "portable"]
+
+# (g batch, w batch, M, K, N): odd sizes, unit dims, K = 1, sizes past the
+# 32-wide panels, the 128/256-deep k blocks and the 384-row m block.
+SHAPES = [
+    ((), (), 1, 1, 1),
+    ((), (), 5, 1, 7),
+    ((), (), 1, 9, 1),
+    ((), (), 13, 37, 33),
+    ((), (), 7, 300, 65),
+    ((), (), 400, 20, 3),
+    ((3,), (3,), 6, 11, 17),
+    ((2, 1), (3,), 5, 4, 9),  # broadcast batch, as at::matmul
+    ((), (4,), 3, 5, 2),
+    ((2,), (), 3, 130, 40),
+]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch):
+    native = _C.kernel_isa()
+    order = ["portable", "avx2", "avx512"]
+    if request.param != "native":
+        if order.index(request.param) > order.index(native):
+            pytest.skip(f"this CPU has no {request.param}")
+        monkeypatch.setenv("TORCH_SEMIRING_KERNEL_ISA", request.param)
+        assert _C.kernel_isa() == request.param
+    return request.param
+
+
+def components(name):
+    return {"max_prod": 2, "entropy": 2, "kmax": KMAX_K}.get(name, 1)
+
+
+def make_value(name, shape, gen, dtype, with_empty=True, k=KMAX_K):
+    """A random semiring value of element shape `shape`, with some empty entries."""
+    if name == "kmax":  # k descending scores, the tail of some lists −∞
+        x = torch.randn((k, *shape), generator=gen, dtype=torch.float64).sort(0, descending=True).values
+        cut = torch.randint(0 if with_empty else 1, k + 1, shape, generator=gen)
+        return x.masked_fill(torch.arange(k).view(k, *[1] * len(shape)) >= cut, -INF).to(dtype)
+    x = torch.randn(shape, generator=gen, dtype=torch.float64)
+    empty = torch.rand(shape, generator=gen, dtype=torch.float64) < (0.2 if with_empty else 0.0)
+    if name == "max_abs":
+        v = x.abs().masked_fill(empty, 0.0)[None]
+    elif name in ("viterbi", "log"):
+        v = x.masked_fill(empty, -INF)[None]
+    elif name == "max_prod":
+        other = torch.randn(shape, generator=gen, dtype=torch.float64)
+        hi, lo = torch.maximum(x, other), torch.minimum(x, other)
+        v = torch.stack([hi.masked_fill(empty, -INF), lo.masked_fill(empty, INF)])
+    else:  # entropy: (ℓ, h), h = 0 where empty
+        h = torch.rand(shape, generator=gen, dtype=torch.float64) * 3
+        v = torch.stack([x.masked_fill(empty, -INF), h.masked_fill(empty, 0.0)])
+    return v.to(dtype)
+
+
+def make_weights(shape, gen, dtype, zeros=0.2):
+    w = torch.randn(shape, generator=gen, dtype=torch.float64)
+    return w.masked_fill(torch.rand(shape, generator=gen, dtype=torch.float64) < zeros, 0.0).to(dtype)
+
+
+def reference(name, g, w):
+    """out[m, n] = ⊕_k g[m, k] ⊗ lift(w[k, n]) by broadcasting, in float64."""
+    g, w = g.double(), w.double()
+    lw = w.abs().log()[..., None, :, :]  # (…, 1, K, N)
+    if name == "viterbi":
+        return (g[0][..., None] + lw).amax(-2)[None]
+    if name == "max_abs":
+        return (g[0][..., None] * w.abs()[..., None, :, :]).amax(-2)[None]
+    if name == "log":
+        return torch.logsumexp(g[0][..., None] + lw, -2)[None]
+    if name == "kmax":  # the k best of all k·K candidates
+        k = g.size(0)
+        cand = g.movedim(0, -1)[..., None] + lw.unsqueeze(-2)  # (…, M, K, k, N)
+        cand = cand.reshape(*cand.shape[:-3], -1, cand.size(-1))  # (…, M, K·k, N)
+        return cand.topk(k, dim=-2).values.movedim(-2, 0)
+    if name == "max_prod":
+        hi, lo = g[0][..., None], g[1][..., None]
+        ww = w[..., None, :, :]
+        p, q = hi * ww, lo * ww
+        ok = (hi > -INF) & (ww != 0)
+        return torch.stack([torch.where(ok, torch.maximum(p, q), -INF).amax(-2),
+                            torch.where(ok, torch.minimum(p, q), INF).amin(-2)])
+    # entropy
+    x = g[0][..., None] + lw  # ℓ + log|w| per term
+    total = torch.logsumexp(x, -2)
+    none = x == -INF
+    p = torch.where(none, 0.0, (x - torch.where(total == -INF, 0.0, total)[..., None, :]).exp())
+    hv = torch.where(none, 0.0, g[1][..., None] - lw)
+    h = torch.where(total == -INF, 0.0, (p * hv).sum(-2))
+    return torch.stack([total, h])
+
+
+def tolerances(dtype, K):
+    if dtype == torch.float64:
+        return dict(rtol=1e-10, atol=1e-10)
+    return dict(rtol=2e-5, atol=2e-5 * max(1.0, math.log2(K + 1)))
+
+
+def check(name, g, w, **tol):
+    out = _C.kernel_matmul(name, g, w)
+    assert out is not None, f"{name} kernel did not apply to {g.dtype} {tuple(g.shape)} @ {tuple(w.shape)}"
+    assert out.dtype == g.dtype
+    ref = reference(name, g, w)
+    assert out.shape == ref.shape
+    # same empties (±∞ exactly where the reference has them), no NaN
+    assert not out.isnan().any()
+    assert torch.equal(out.isinf(), ref.isinf()) and torch.equal(out[out.isinf()], ref[ref.isinf()].to(out.dtype))
+    fin = ~ref.isinf()
+    torch.testing.assert_close(out.double()[fin], ref[fin], **(tol or tolerances(g.dtype, g.size(-1))))
+    # the semiring's matmul goes through the same kernel
+    sr = _C.make_semiring(name, g.size(0) if name == "kmax" else 1)
+    assert torch.equal(sr.matmul(g, w), out)
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", KERNEL_SEMIRINGS)
+def test_kernel_matches_reference(name, dtype, isa):
+    gen = torch.Generator().manual_seed(hash((name, str(dtype))) % 2**31)
+    for gb, wb, M, K, N in SHAPES:
+        g = make_value(name, (*gb, M, K), gen, dtype)
+        w = make_weights((*wb, K, N), gen, dtype)
+        check(name, g, w)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", KERNEL_SEMIRINGS)
+def test_kernel_strided_operands(name, dtype, isa):
+    """The rules call matmul(g, bᵀ) and matmul(gᵀ, a): transposed, sliced, expanded."""
+    gen = torch.Generator().manual_seed(7)
+    C = components(name)
+    # g transposed in its matrix dims, w transposed
+    g = make_value(name, (19, 35), gen, dtype).transpose(-1, -2)  # (C, 35, 19)
+    w = make_weights((41, 19), gen, dtype).t()  # (19, 41)
+    assert not g.is_contiguous() and not w.is_contiguous()
+    check(name, g, w)
+    # every other column of w, every other row of g, a batch-expanded w
+    g = make_value(name, (3, 30, 12), gen, dtype)[..., ::2]
+    w = make_weights((12, 70), gen, dtype)[::2, ::2]
+    check(name, g, w)
+    w = make_weights((6, 5), gen, dtype).expand(3, 6, 5)
+    check(name, g, w)
+    assert C == g.size(0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", KERNEL_SEMIRINGS)
+def test_kernel_no_paths(name, dtype, isa):
+    """All-empty rows of g, all-zero columns of w, all-zero w: the semiring zero, exactly."""
+    gen = torch.Generator().manual_seed(3)
+    g = make_value(name, (9, 40), gen, dtype, with_empty=False)
+    empty = make_value(name, (1, 40), gen, dtype)
+    empty_row = {"max_abs": [0.0], "viterbi": [-INF], "log": [-INF], "max_prod": [-INF, INF], "entropy": [-INF, 0.0],
+                 "kmax": [-INF] * KMAX_K}
+    g[:, 4] = torch.tensor(empty_row[name], dtype=dtype)[:, None]
+    w = make_weights((40, 35), gen, dtype)
+    w[:, 0] = 0
+    out = check(name, g, w)
+    zero = torch.tensor(empty_row[name], dtype=dtype)
+    assert (out[:, 4, :] == zero[:, None]).all()
+    assert (out[:, :, 0] == zero[:, None]).all()
+    check(name, g, torch.zeros(40, 3, dtype=dtype))
+
+
+@pytest.mark.parametrize("name", KERNEL_SEMIRINGS)
+def test_kernel_does_not_apply(name):
+    """Outside the exact range the kernel declines and the generic path answers."""
+    C = components(name)
+    g = make_value(name, (4, 5), torch.Generator().manual_seed(1), torch.float64, with_empty=False)
+    w = torch.randn(5, 3, dtype=torch.float64)
+    assert _C.kernel_matmul(name, g.half(), w.half()) is None
+    assert _C.kernel_matmul(name, g.float(), w) is None  # mixed dtypes
+    assert _C.kernel_matmul(name, g, w.requires_grad_()) is None  # would need a graph
+    with torch.no_grad():  # how the engine calls it (unless create_graph): saved weights require grad
+        assert _C.kernel_matmul(name, g, w) is not None
+    w = w.detach().clone()
+    w[1, 1] = math.nan
+    assert _C.kernel_matmul(name, g, w) is None
+    w[1, 1] = INF
+    assert _C.kernel_matmul(name, g, w) is None
+    assert _C.kernel_matmul(name, g[..., :0], w[:0]) is None  # K = 0: the generic path knows the zero
+    sr = _C.make_semiring(name, C)
+    out = sr.matmul(g[..., :0], torch.ones(0, 3, dtype=torch.float64))
+    assert out.shape == (C, 4, 3)
+    if name == "max_abs":
+        bad = g.clone()
+        bad[0, 0, 0] = -1.0  # negative max_abs values: the start value 0 would not be neutral
+        assert _C.kernel_matmul(name, bad, torch.ones(5, 3, dtype=torch.float64)) is None
+    with pytest.raises(ValueError, match="no matmul kernel"):
+        _C.kernel_matmul("kmax_nope", g, w)
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 5, 8])
+def test_kmax_list_lengths(k, isa):
+    """Every padded list length (2, 4, 8) and k = 1 (the max-plus kernel); ties kept."""
+    gen = torch.Generator().manual_seed(k)
+    for gb, wb, M, K, N in SHAPES[:7]:
+        g = make_value("kmax", (*gb, M, K), gen, torch.float32, k=k)
+        w = make_weights((*wb, K, N), gen, torch.float32)
+        check("kmax", g, w)
+    # integer scores and |w| = 1: many equal candidates
+    g = torch.randint(-2, 2, (k, 6, 30), generator=gen).sort(0, descending=True).values.double()
+    check("kmax", g, torch.randint(-1, 2, (30, 9), generator=gen).double())
+    assert _C.kernel_matmul("kmax", make_value("kmax", (3, 4), gen, torch.float32, k=9),
+                            torch.ones(4, 2)) is None  # k > 8: generic path
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["viterbi", "max_abs"])
+def test_argmax(name, dtype, isa):
+    """The winning k, ties to the smallest k, −1 without a path; values equal the plain kernel."""
+    gen = torch.Generator().manual_seed(11)
+    for gb, wb, M, K, N in SHAPES:
+        # small integers: many exact ties
+        g = torch.randint(0, 3, (*gb, M, K), generator=gen).to(dtype)[None]
+        if name == "viterbi":
+            g = g.masked_fill(torch.rand(g.shape, generator=gen) < 0.2, -INF)
+            w = torch.randint(-1, 2, (*wb, K, N), generator=gen).to(dtype)  # ±1 (log 0) and 0
+        else:
+            w = torch.randint(-2, 3, (*wb, K, N), generator=gen).to(dtype)
+        values, idx = _C.kernel_max_matmul_argmax(name, g, w)
+        assert idx.dtype == torch.int32
+        assert torch.equal(values, _C.kernel_matmul(name, g, w))
+        # reference in the input dtype (same rounding as the kernel), first maximal k
+        terms = (g[0][..., None] + w.abs().log()[..., None, :, :]) if name == "viterbi" \
+            else g[0][..., None] * w.abs()[..., None, :, :]
+        best = terms.amax(-2, keepdim=True)
+        ks = torch.arange(K).view(K, 1).expand(terms.shape)
+        first = torch.where(terms == best, ks, K).amin(-2)
+        zero = -INF if name == "viterbi" else 0.0
+        first = torch.where(best.squeeze(-2) == zero, -1, first)
+        assert torch.equal(values[0], best.squeeze(-2))
+        assert torch.equal(idx.long(), first)
+
+
+def test_argmax_rejects():
+    g = torch.zeros(1, 2, 3)
+    with pytest.raises(RuntimeError, match="viterbi"):
+        _C.kernel_max_matmul_argmax("log", g, torch.ones(3, 2))
+    with pytest.raises(RuntimeError, match="float32/float64"):
+        _C.kernel_max_matmul_argmax("viterbi", g.half(), torch.ones(3, 2).half())
+    with pytest.raises(RuntimeError, match="finite"):
+        _C.kernel_max_matmul_argmax("viterbi", g, torch.full((3, 2), math.nan))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("name", ["log", "entropy"])
+def test_exp_shift_adversarial_ranges(name, dtype):
+    """Rows spanning thousands in log space: the shifted GEMM underflows for most
+    entries; they must come back exact, with no NaN/∞ artefacts."""
+    gen = torch.Generator().manual_seed(5)
+    M, K, N = 40, 150, 30
+    g = make_value(name, (M, K), gen, dtype)
+    g[0] = g[0] * 1000  # ℓ (or log Z) spans thousands within a row
+    w = make_weights((K, N), gen, dtype)
+    w = w * torch.exp(torch.randn(K, N, generator=gen, dtype=torch.float64) * 20).to(dtype)  # |w| over e^±60
+    scale = g[0][g[0].isfinite()].abs().max().item()
+    eps = torch.finfo(dtype).eps
+    check(name, g, w, rtol=64 * eps, atol=64 * eps * scale)
+
+    # Every row spanning thousands: most entries fail the single shift, the
+    # 64-wide blocks rescue most of them, the rest are recomputed exactly.
+    g = make_value(name, (60, 300), gen, dtype)
+    g[0] = g[0] * 1000
+    w = make_weights((300, 50), gen, dtype)
+    runs, exact = _C.exp_shift_stats()
+    _C.kernel_matmul(name, g, w)
+    runs2, exact2 = _C.exp_shift_stats()
+    print("64-wide blocks:", runs2 - runs, "exact entries:", exact2 - exact, "of", 60 * 50)
+    assert runs2 == runs + 1 and 0 < exact2 - exact < 60 * 50 // 4
+    scale = g[0][g[0].isfinite()].abs().max().item()
+    check(name, g, w, rtol=64 * eps, atol=64 * eps * scale)
+
+    # The same through broadcast batch dims (the exact stage gathers rows and
+    # columns per batch entry).
+    g = make_value(name, (2, 1, 20, 100), gen, dtype)
+    g[0] = g[0] * 1000
+    w = make_weights((3, 100, 7), gen, dtype)
+    exact = _C.exp_shift_stats()[1]
+    scale = g[0][g[0].isfinite()].abs().max().item()
+    check(name, g, w, rtol=64 * eps, atol=64 * eps * scale)
+    assert _C.exp_shift_stats()[1] > exact
+
+    # One entry whose only path is 2000 below its row's maximum: the shift
+    # alone gives exp(−2000) = 0; the recomputation must find −2000 + log 3.
+    g = make_value(name, (1, 2), gen, dtype, with_empty=False)
+    g[0, 0, 0], g[0, 0, 1] = 0.0, -2000.0
+    w = torch.tensor([[0.0], [3.0]], dtype=dtype)
+    out = check(name, g, w, rtol=0, atol=1e-3)
+    torch.testing.assert_close(out[0, 0, 0].double(), torch.tensor(-2000 + math.log(3), dtype=torch.float64),
+                               rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", KERNEL_SEMIRINGS)
+def test_engine_reaches_kernels(name):
+    """ts.grad through mm/bmm uses the kernels (saved weights require grad; the
+    engine runs with grad mode off), and still matches the generic answer."""
+    import torch_semiring as ts
+
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(5, 6, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(5, 4, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    params = {"k": KMAX_K} if name == "kmax" else {}
+    before = _C.kernel_calls()
+    out = ts.grad(torch.bmm(torch.tanh(x @ w), v).sum(), [x, w, v], semiring=name, **params)
+    assert _C.kernel_calls() >= before + 4  # both operands of the matmul and of the bmm
+    # the same graph with create_graph runs the generic (differentiable) path
+    before = _C.kernel_calls()
+    slow = ts.grad(torch.bmm(torch.tanh(x @ w), v).sum(), [x, w, v], semiring=name, create_graph=True, **params)
+    assert _C.kernel_calls() == before
+    for a, b in zip(out, slow):
+        torch.testing.assert_close(a, b.detach(), rtol=1e-9, atol=1e-9, equal_nan=True)
