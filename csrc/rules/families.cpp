@@ -184,6 +184,15 @@ const char* const kBijective[] = {
     "UnsqueezeBackward1", "SqueezeBackward0",    "SqueezeBackward1",      "SqueezeBackward2",
     "SqueezeBackward3",   "SqueezeBackward4",    "AliasBackward0",        "FlipBackward0",
     "RollBackward0",      "StackBackward0",      "ToCopyBackward0",
+    // the *_copy variants, shuffles, sort (a permutation along dim), and the
+    // double backward of nearest upsampling (each grad_output element is summed
+    // into exactly one input pixel: its backward gathers it back)
+    "PermuteBackward0_copy", "SqueezeBackward0_copy", "SqueezeBackward1_copy", "SqueezeBackward2_copy",
+    "SqueezeBackward5", "PixelShuffleBackward0", "PixelUnshuffleBackward0", "ChannelShuffleBackward0",
+    "SortBackward0", "SortBackward1",
+    "UpsampleNearest1DBackwardBackward0", "UpsampleNearest2DBackwardBackward0", "UpsampleNearest3DBackwardBackward0",
+    "UpsampleNearestExact1DBackwardBackward0", "UpsampleNearestExact2DBackwardBackward0",
+    "UpsampleNearestExact3DBackwardBackward0",
 };
 // Injective placements: some input positions may receive nothing.
 const char* const kInjective[] = {
@@ -192,6 +201,22 @@ const char* const kInjective[] = {
     "TriuBackward0",         "ConstantPadNdBackward0", "NarrowCopyBackward0",   "SliceScatterBackward0",
     "SelectScatterBackward0", "ScatterBackward0",      "ScatterBackward1",      "IndexFillBackward0",
     "MaskedScatterBackward0",
+    "SelectBackward0_copy", "SliceBackward0_copy", "DiagonalBackward0_copy", "SplitBackward0_copy",
+    "SplitWithSizesBackward0_copy", "UnbindBackward0_copy", "UnsafeSplitBackward0", "UnsafeSplitWithSizesBackward0",
+    // value-selecting reductions: the selected element takes its output's value, the rest none
+    "TopkBackward0", "KthvalueBackward0", "ModeBackward0", "MedianBackward1", "NanmedianBackward1",
+    // col2im sums patches into pixels: each patch entry feeds one pixel (padding: none); backward = im2col
+    "Col2ImBackward0",
+    // max_unpool writes each input at its index; the double backward of max pooling (and of the
+    // padding / embedding kernels) scatters each grad_output element into one position: their
+    // backward gathers it back, and the original input (formula zero) gets no edge
+    "MaxUnpool2DBackward0", "MaxUnpool3DBackward0",
+    "MaxPool2DWithIndicesBackwardBackward0", "MaxPool3DWithIndicesBackwardBackward0",
+    "AdaptiveMaxPool2DBackwardBackward0", "AdaptiveMaxPool3DBackwardBackward0",
+    "FractionalMaxPool2DBackwardBackward0", "FractionalMaxPool3DBackwardBackward0",
+    "ReflectionPad1DBackwardBackward0", "ReflectionPad2DBackwardBackward0", "ReflectionPad3DBackwardBackward0",
+    "ReplicationPad1DBackwardBackward0", "ReplicationPad2DBackwardBackward0", "ReplicationPad3DBackwardBackward0",
+    "EmbeddingDenseBackwardBackward0", "MaskedScatterBackwardBackward0",
 };
 
 }  // namespace
@@ -227,6 +252,12 @@ void register_builtin_rules() {
   register_rule("LinalgVectorNormBackward0", reduction_rule(reduced_by_fields<LinalgVectorNormBackward0>), "reduction");
   register_rule("StdBackward0", reduction_rule(reduced_by_fields<StdBackward0>), "reduction");
   register_rule("VarBackward0", reduction_rule(reduced_by_fields<VarBackward0>), "reduction");
+  register_rule("NormBackward2", reduction_rule(reduced_all), "reduction");
+  register_rule("NormBackward3", reduction_rule(reduced_by_fields<NormBackward3>), "reduction");
+  register_rule("NansumBackward0", reduction_rule(reduced_by_fields<NansumBackward0>), "reduction");
+  register_rule("TraceBackward0", reduction_rule(reduced_all), "reduction");  // off-diagonal weights 0: no edge
+  register_rule("MedianBackward0", reduction_rule(reduced_all), "reduction");  // ties share 1/count
+  register_rule("NanmedianBackward0", reduction_rule(reduced_all), "reduction");
 
   register_rule("IndexBackward0", selection_rule(index_positions), "selection");
   register_rule("IndexSelectBackward0", selection_rule(index_select_positions), "selection");
@@ -234,6 +265,9 @@ void register_builtin_rules() {
 
   register_rule("NllLossBackward0", reduction_rule(reduced_by_nll_loss<NllLossBackward0>), "reduction");
   register_rule("NllLoss2DBackward0", reduction_rule(reduced_by_nll_loss<NllLoss2DBackward0>), "reduction");
+  register_rule("MultiMarginLossBackward0", reduction_rule(reduced_by_nll_loss<MultiMarginLossBackward0>), "reduction");
+  register_rule("MultilabelMarginLossBackward0", reduction_rule(reduced_by_nll_loss<MultilabelMarginLossBackward0>),
+                "reduction");
   register_rule("EmbeddingBackward0", selection_rule(embedding_positions, embedding_weights), "selection");
 
   register_linear_algebra_rules();
