@@ -130,6 +130,22 @@ CASES = {
     "ReplicationPad3DBackwardBackward0": ("placement", gb(lambda x: F.pad(x, (1, 0, 1, 0, 1, 0), mode="replicate"), (1, 1, 2, 2, 2))),
     "EmbeddingDenseBackwardBackward0": ("placement", embedding_double_backward),
     "MaskedScatterBackwardBackward0": ("placement", masked_scatter_double_backward),
+    # selection: each output element copies one input element (inputs may be copied several times)
+    "RepeatBackward0": ("selection", one(lambda x: x.repeat(2, 1, 2), 2, 3)),
+    "TakeBackward0": ("selection", one(lambda x: x.take(torch.tensor([[5, 0], [5, 2]])), 2, 3)),
+    "MaskedSelectBackward0": ("selection", one(lambda x: x.masked_select(torch.tensor([[True], [False], [True]])), 3)),
+    "UnfoldBackward0": ("selection", one(lambda x: x.unfold(1, 3, 1), 2, 5)),
+    "UnfoldBackward0_copy": ("selection", one(lambda x: torch.unfold_copy(x, 0, 2, 1), 4, 2)),
+    "CummaxBackward0": ("selection", one(lambda x: x.cummax(1).values, 3, 4)),
+    "CumminBackward0": ("selection", lambda: (lambda x: (readout(x.cummin(0).values), [x]))(ties())),
+    "MaxPool2DWithIndicesBackward0": ("selection", one(lambda x: F.max_pool2d(x, 2, 1), 1, 2, 3, 3)),
+    "MaxPool3DWithIndicesBackward0": ("selection", one(lambda x: F.max_pool3d(x, 2, 1), 2, 2, 3, 2)),
+    "AdaptiveMaxPool2DBackward0": ("selection", one(lambda x: F.adaptive_max_pool2d(x, 2), 1, 1, 3, 3)),
+    "AdaptiveMaxPool3DBackward0": ("selection", one(lambda x: F.adaptive_max_pool3d(x, 2), 1, 2, 3, 3)),
+    "FractionalMaxPool2DBackward0": ("selection", one(lambda x: F.fractional_max_pool2d(
+        x, 2, output_size=2, _random_samples=torch.full((1, 1, 2), 0.5, dtype=D)), 1, 1, 4, 4)),
+    "FractionalMaxPool3DBackward0": ("selection", one(lambda x: F.fractional_max_pool3d(
+        x, 2, output_size=2, _random_samples=torch.full((1, 1, 3), 0.5, dtype=D)), 1, 1, 4, 4, 4)),
     # reduction: each input element feeds exactly one output element
     "NormBackward2": ("reduction", one(lambda x: aten.norm.ScalarOpt_dtype(x, 3, dtype=D), 2, 3)),
     "NormBackward3": ("reduction", one(lambda x: aten.norm.ScalarOpt_dim_dtype(x, 3, [1], False, dtype=D), 2, 3)),

@@ -176,6 +176,36 @@ Tensor gather_positions(Node& n, const Tensor& p) {
   return p.gather(f.dim, f.index_.unpack());
 }
 
+// More selections: where each output element copies one input element, found
+// by running the op (or its saved argmax indices) on the flat positions.
+Tensor saved_of(Node& n, const torch::autograd::SavedVariable& v) {
+  return v.unpack(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&n));
+}
+Tensor repeat_positions(Node& n, const Tensor& p) {
+  return p.repeat_symint(static_cast<RepeatBackward0&>(n).repeats);
+}
+Tensor take_positions(Node& n, const Tensor& p) { return p.take(static_cast<TakeBackward0&>(n).index_.unpack()); }
+Tensor masked_select_positions(Node& n, const Tensor& p) {
+  return p.masked_select(static_cast<MaskedSelectBackward0&>(n).mask_.unpack());
+}
+template <class N>
+Tensor unfold_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<N&>(n);
+  return p.unfold(f.dimension, f.size, f.step);
+}
+template <class N>
+Tensor cummaxmin_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<N&>(n);
+  return p.gather(f.dim, saved_of(n, f.indices_));
+}
+// max pooling: result1 holds each output's argmax as a flat index into its
+// plane of `spatial` dims.
+template <class N, int spatial>
+Tensor pool_positions(Node& n, const Tensor& p) {
+  auto idx = saved_of(n, static_cast<N&>(n).result1_);
+  return p.flatten(-spatial).gather(-1, idx.flatten(-spatial)).view(idx.sizes());
+}
+
 // ---- the tables ---------------------------------------------------------------
 // Views, permutations and copies: every input element is reached.
 const char* const kBijective[] = {
@@ -262,6 +292,23 @@ void register_builtin_rules() {
   register_rule("IndexBackward0", selection_rule(index_positions), "selection");
   register_rule("IndexSelectBackward0", selection_rule(index_select_positions), "selection");
   register_rule("GatherBackward0", selection_rule(gather_positions), "selection");
+  register_rule("RepeatBackward0", selection_rule(repeat_positions), "selection");
+  register_rule("TakeBackward0", selection_rule(take_positions), "selection");
+  register_rule("MaskedSelectBackward0", selection_rule(masked_select_positions), "selection");
+  register_rule("UnfoldBackward0", selection_rule(unfold_positions<UnfoldBackward0>), "selection");
+  register_rule("UnfoldBackward0_copy", selection_rule(unfold_positions<UnfoldBackward0_copy>), "selection");
+  register_rule("CummaxBackward0", selection_rule(cummaxmin_positions<CummaxBackward0>), "selection");
+  register_rule("CumminBackward0", selection_rule(cummaxmin_positions<CumminBackward0>), "selection");
+  register_rule("MaxPool2DWithIndicesBackward0", selection_rule(pool_positions<MaxPool2DWithIndicesBackward0, 2>),
+                "selection");
+  register_rule("MaxPool3DWithIndicesBackward0", selection_rule(pool_positions<MaxPool3DWithIndicesBackward0, 3>),
+                "selection");
+  register_rule("AdaptiveMaxPool2DBackward0", selection_rule(pool_positions<AdaptiveMaxPool2DBackward0, 2>), "selection");
+  register_rule("AdaptiveMaxPool3DBackward0", selection_rule(pool_positions<AdaptiveMaxPool3DBackward0, 3>), "selection");
+  register_rule("FractionalMaxPool2DBackward0", selection_rule(pool_positions<FractionalMaxPool2DBackward0, 2>),
+                "selection");
+  register_rule("FractionalMaxPool3DBackward0", selection_rule(pool_positions<FractionalMaxPool3DBackward0, 3>),
+                "selection");
 
   register_rule("NllLossBackward0", reduction_rule(reduced_by_nll_loss<NllLossBackward0>), "reduction");
   register_rule("NllLoss2DBackward0", reduction_rule(reduced_by_nll_loss<NllLoss2DBackward0>), "reduction");
