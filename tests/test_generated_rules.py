@@ -52,6 +52,49 @@ def zero_rule(make):
 
 
 IDX = torch.tensor([2, 0, 2])
+F = torch.nn.functional
+
+
+def double_backward(f, x, go):
+    """The gradient of f at x for grad_output go, as a differentiable tensor: its
+    grad_fn is f's double-backward node (inputs: go and x)."""
+    (gx,) = torch.autograd.grad(f(x), x, go, create_graph=True)
+    return gx
+
+
+def activation_double_backward(f, seed=5):
+    def case():
+        x, go = leaf(2, 3, seed=seed), leaf(2, 3, seed=seed + 1)
+        with torch.no_grad():
+            x.mul_(2.0)  # spread over the kinks of the activation
+        return readout(double_backward(f, x, go)), [x, go]
+    return case
+
+
+def unit(*shape, seed=0):
+    """Values in (0.1, 0.9): probabilities."""
+    g = torch.Generator().manual_seed(seed)
+    return (0.1 + 0.8 * torch.rand(shape, generator=g, dtype=D)).requires_grad_()
+
+
+def loss_case(loss, target_grad=True, **kw):
+    """A loss with reduction 'none' and 'mean' (a single output element) on the same inputs."""
+    def case():
+        x, t = leaf(2, 3, seed=7), leaf(2, 3, seed=8)
+        t.requires_grad_(target_grad)
+        outs = readout(loss(x, t, reduction="none", **kw), loss(x, t, reduction="mean", **kw))
+        return outs, [x, t] if target_grad else [x]
+    return case
+
+
+def loss_double_backward(loss, **kw):
+    def case():
+        x, t, go = leaf(2, 3, seed=7), leaf(2, 3, seed=8), leaf(seed=9)
+        gn = leaf(2, 3, seed=10)
+        outs = readout(double_backward(lambda a: loss(a, t, reduction="mean", **kw), x, go),
+                       double_backward(lambda a: loss(a, t, reduction="none", **kw), x, gn))
+        return outs, [x, t, go, gn]
+    return case
 
 
 CASES = {
@@ -95,6 +138,41 @@ CASES = {
     "AddrBackward0": lambda: (lambda m, a, b: (readout(torch.addr(m, a, b, beta=0.5, alpha=-2.0)), [m, a, b]))(leaf(3, 4), leaf(3, seed=2), leaf(4, seed=3)),
     "VdotBackward0": lambda: (lambda a, b: (readout(torch.vdot(a, b)), [a, b]))(leaf(4), leaf(4, seed=2)),
     "StandardGammaBackward0": lambda: (lambda x: (readout(torch._standard_gamma(x)), [x]))(leaf(2, 3, positive=True)),
+    # element-wise kernels (every formula diagonal in grad): the node's backward on ones
+    "HardswishBackward0": lambda: (lambda x: (readout(F.hardswish(x * 3)), [x]))(leaf(3, 4)),
+    "LogSigmoidBackward0": lambda: (lambda x: (readout(F.logsigmoid(x)), [x]))(leaf(2, 3)),
+    "ThresholdBackward1": lambda: (lambda x: (readout(F.threshold_(x * 1.0, 0.1, 20.0)), [x]))(leaf(2, 3)),
+    "RreluWithNoiseBackward0": lambda: (lambda x: (readout(F.rrelu(x, training=True), F.rrelu(x)), [x]))(leaf(2, 3)),
+    "RreluWithNoiseBackward1": lambda: (lambda x: (readout(F.rrelu_(x * 1.0, training=True)), [x]))(leaf(2, 3)),
+    "RreluWithNoiseFunctionalBackward0": lambda: (lambda x: (readout(aten.rrelu_with_noise_functional(
+        x, torch.zeros(2, 3, dtype=D), 0.1, 0.3, True)[0]), [x]))(leaf(2, 3)),
+    "PreluKernelBackward0": lambda: (lambda x, w: (readout(F.prelu(x, w)), [x, w]))(leaf(2, 3, 2), leaf(3, seed=2)),
+    "FakeQuantizePerTensorAffineCachemaskBackward0": lambda: (lambda x: (readout(
+        torch.fake_quantize_per_tensor_affine(x, 0.1, 0, -10, 10)), [x]))(leaf(2, 3)),
+    "FakeQuantizePerTensorAffineCachemaskTensorQparamsBackward0": lambda: (lambda x: (readout(
+        torch.fake_quantize_per_tensor_affine(x, torch.tensor(0.1), torch.tensor(0), -10, 10)), [x]))(leaf(2, 3)),
+    "FakeQuantizePerChannelAffineCachemaskBackward0": lambda: (lambda x: (readout(torch.fake_quantize_per_channel_affine(
+        x, torch.tensor([0.1, 0.2, 0.05]), torch.zeros(3, dtype=torch.int32), 1, -10, 10)), [x]))(leaf(2, 3)),
+    "MseLossBackward0": loss_case(F.mse_loss),
+    "HuberLossBackward0": loss_case(F.huber_loss, delta=0.5),
+    "SmoothL1LossBackward0": loss_case(F.smooth_l1_loss, beta=0.5),
+    "SoftMarginLossBackward0": loss_case(F.soft_margin_loss, target_grad=False),
+    "BinaryCrossEntropyBackward0": lambda: (lambda p, t: (readout(F.binary_cross_entropy(p, t, reduction="none"),
+                                                                  F.binary_cross_entropy(p, t)), [p, t]))(unit(2, 3), unit(2, 3, seed=1)),
+    "BinaryCrossEntropyWithLogitsBackward0": lambda: (lambda x, t: (readout(
+        F.binary_cross_entropy_with_logits(x, t, reduction="none", pos_weight=torch.tensor([1.0, 2.0, 0.5], dtype=D)),
+        F.binary_cross_entropy_with_logits(x, t, reduction="sum")), [x, t]))(leaf(2, 3), unit(2, 3, seed=1)),
+    "MseLossBackwardBackward0": loss_double_backward(F.mse_loss),
+    "SmoothL1LossBackwardBackward0": loss_double_backward(F.smooth_l1_loss, beta=0.5),
+    "EluBackwardBackward0": activation_double_backward(F.elu),
+    "HardshrinkBackwardBackward0": activation_double_backward(F.hardshrink),
+    "HardswishBackwardBackward0": activation_double_backward(lambda x: F.hardswish(x * 2)),
+    "HardtanhBackwardBackward0": activation_double_backward(F.hardtanh),
+    "LeakyReluBackwardBackward0": activation_double_backward(lambda x: F.leaky_relu(x, 0.2)),
+    "LogSigmoidBackwardBackward0": activation_double_backward(F.logsigmoid),
+    "RreluWithNoiseBackwardBackward0": activation_double_backward(lambda x: F.rrelu(x, training=True)),
+    "SoftplusBackwardBackward0": activation_double_backward(lambda x: F.softplus(x, beta=2.0, threshold=1.0)),
+    "SoftshrinkBackwardBackward0": activation_double_backward(F.softshrink),
     # no edges: random fills, in-place comparisons, fills with a constant
     "BernoulliBackward0": zero_rule(lambda t: torch.bernoulli(t.abs() / (1 + t.abs()))),
     "BernoulliBackward1": lambda: (lambda x, p: (readout(x.clone().bernoulli_(p) + x), [x, p]))(leaf(2, 3), torch.full((2, 3), 0.5, dtype=D, requires_grad=True)),
@@ -169,8 +247,12 @@ def test_registry_dispatches_generated_nodes_to_generated_rules():
 
 @pytest.mark.parametrize("node", sorted(CASES))
 def test_generated_rule_matches_reference(node):
+    run_against_reference(node, CASES[node])
+
+
+def run_against_reference(node, make_case):
     torch.manual_seed(0)
-    outputs, inputs = CASES[node]()
+    outputs, inputs = make_case()
     assert node in nodes_in(outputs), f"the case for {node} does not create that node: {sorted(nodes_in(outputs))}"
     for semiring in SEMIRING_NAMES:
         torch.manual_seed(0)
@@ -225,3 +307,31 @@ def test_functions_cpp_branch_renders():
     assert "scale_top(ctx, input, g, weight_of((self.sgn())), false)" in text
     assert "grad_result = any_grad_defined ? (grad * self.sgn()) : Tensor();" in text
     assert sf.functions_cpp_branch("softmax_backward_data(grad, result, dim, st)") is None
+
+
+@pytest.mark.parametrize(
+    "formula, diagonal",
+    [
+        ("hardswish_backward(grad, self)", True),  # listed element-wise kernel
+        ("threshold_backward(grad, self, threshold)", True),  # TensorIterator kernel (native_functions.yaml)
+        ("mse_loss_double_backward(grad * grad_output, self, reduction)", True),
+        ("-smooth_l1_loss_double_backward(grad * grad_output, self, target, reduction, beta)", True),
+        ("at::where(at::logical_and(-3.0 < self, self < 3.0), grad * grad_output / 3.0, at::zeros({}, o))", True),
+        ("grad.defined() ? _prelu_kernel_backward(grad, self, weight) : std::tuple<Tensor, Tensor>()", True),
+        ("zeros_like(grad)", True),
+        ("soft_margin_loss_double_backward_grad_output(grad, grad_output, self, target, reduction)", False),  # sums
+        ("cumsum_backward(grad.to(self_scalar_type), dim)", False),
+        ("norm_backward(grad, self, p, result)", False),
+        ("grad.sum()", False),
+        ("grad * grad", False),
+        ("hardswish_backward(grad, grad)", False),
+        ("log_sigmoid_backward(grads[0], self, buffer)", False),
+        ("at::where(grad > 0, grad, 0)", False),
+    ],
+)
+def test_elementwise_kernel_detection(formula, diagonal):
+    assert sf.is_elementwise_kernel(formula) is diagonal
+
+
+def test_elementwise_kernel_rejects_other_outputs_grads():
+    assert not sf.is_elementwise_kernel("grad * grad_L", {"grads", "grad_L"})

@@ -82,6 +82,7 @@ class NodePlan:
     inputs: list  # input names in next-edge order
     formulas: list = field(default_factory=list)
     why_not: str = ""  # why no rule is generated ("" = generated)
+    kernel: bool = False  # generated as an element-wise kernel (backward on ones), not a rewrite
 
 
 # Saved-value C++ types a generated rule can read (torchgen's save_var).
@@ -129,6 +130,37 @@ def _why_not_generated(info, plan: NodePlan, handwritten: set) -> str:
         return "a formula is not_implemented"
     if any(str(a.argument.type) != "Tensor" for a in info.args_with_derivatives):
         return "a differentiable tensor-list / optional input"
+    why = _why_not_rewritten(plan)
+    if why and plan.name in UNTESTED_KERNELS:
+        return UNTESTED_KERNELS[plan.name]
+    if why and _elementwise_kernel(info, plan):
+        plan.kernel = True
+        return ""
+    return why
+
+
+# Element-wise kernels not generated because no CPU float64 forward pass can
+# check them against the reference (a rule nobody can test is not counted).
+UNTESTED_KERNELS = {
+    "FusedMovingAvgObsFqHelperBackward0": "element-wise, but float32-only: untestable against the float64 reference",
+}
+
+
+def _other_grads(info) -> set:
+    """Names by which a multi-output node's formulas read the grads of its outputs."""
+    returns = info.func.func.returns
+    if len(returns) <= 1:
+        return set()
+    return {"grads"} | {f"grad_{r.name}" for r in returns if r.name}
+
+
+def _elementwise_kernel(info, plan: NodePlan) -> bool:
+    """Every live formula is an element-wise kernel of ``grad`` (semiring_formulas.is_elementwise_kernel)."""
+    other = _other_grads(info)
+    return all(sf.is_elementwise_kernel(f.text, other) for f in plan.formulas)
+
+
+def _why_not_rewritten(plan: NodePlan) -> str:
     for f in plan.formulas:
         if len(f.input_names) != 1:
             return "a formula for several inputs at once"
@@ -272,6 +304,35 @@ Tensor value_mm(const RuleContext& ctx, const Tensor& v, const Tensor& w) {
   return ctx.semiring.matmul(v, as_weight_for(v, w));
 }
 
+// Nodes whose formulas are all element-wise kernels of `grad`
+// (semiring_formulas.is_elementwise_kernel): the Jacobian is diagonal at the
+// broadcast shape, so the node's own backward applied to ones IS every edge
+// weight. When the node has a single output element (a reduced loss) the same
+// call gives the one row of J, whatever the formula. Both cases are checked
+// here; anything else raises instead of guessing.
+std::vector<Tensor> elementwise_kernel(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  std::vector<Tensor> out(ctx.node.num_outputs());
+  const Tensor& g = grads[0];  // `grad`: the formulas read no other output's grad
+  if (!g.defined()) return out;
+  std::vector<Tensor> ones(grads.size());
+  const auto O = ctx.output_shape(0);
+  ones[0] = at::ones(O, ctx.output_options(0));
+  auto w = ctx.call_backward(std::move(ones));
+  const bool single = c10::multiply_integers(O) == 1;
+  const Tensor v = single ? g.reshape({g.size(0)}) : g;
+  for (size_t i = 0; i < w.size() && i < out.size(); ++i) {
+    if (!ctx.needs(i) || !w[i].defined()) continue;
+    const auto I = ctx.input_shape(i);
+    const auto W = w[i].sizes().vec();
+    const bool exact = single ? W == I : (W == O && at::is_expandable_to(I, O));
+    TORCH_CHECK(exact, "torch_semiring: element-wise rule of ", ctx.node.name(), ": backward weights of shape ",
+                at::IntArrayRef(W), " for input ", i, " of shape ", at::IntArrayRef(I), " and output of shape ",
+                at::IntArrayRef(O), " are not one edge per element pair; register a rule with ts.register_rule");
+    out[i] = ctx.semiring.otimes_edge(v, as_weight_for(v, w[i]));
+  }
+  return out;
+}
+
 """
 
 
@@ -302,9 +363,13 @@ def render_rule(plan: NodePlan) -> str:
 
 def render(plans: list[NodePlan]) -> str:
     chosen = [p for p in plans if not p.why_not]
-    body = "".join(render_rule(p) + "\n" for p in chosen)
+    body = "".join(render_rule(p) + "\n" for p in chosen if not p.kernel)
+    body += "// Element-wise kernels (every formula diagonal in grad): the node's backward on ones.\n"
+    body += "".join(f"//   {p.name}: " + "; ".join(" ".join(f.text.split()) for f in p.formulas) + "\n"
+                    for p in chosen if p.kernel)
     regs = "\n".join(
-        f'  if (!find_rule("{p.name}")) register_rule("{p.name}", rule_{p.name}, "generated");' for p in chosen
+        f'  if (!find_rule("{p.name}")) register_rule("{p.name}", '
+        f'{"elementwise_kernel" if p.kernel else "rule_" + p.name}, "generated");' for p in chosen
     )
     return (
         PREAMBLE + body + "}  // namespace generated_rules\n\n"

@@ -510,6 +510,162 @@ def rewrite(formula: str) -> Optional[Rewrite]:
 
 
 # ---------------------------------------------------------------------------
+# Element-wise kernels: formulas whose Jacobian in ``grad`` is diagonal.
+#
+# A node whose every formula is diagonal at the broadcast shape (output element
+# o reaches only the input element at o's own broadcast position) gets its edge
+# weights from ONE call of its own backward on ones: w = backward(ones) is the
+# diagonal. The same call is exact for any formula when the node has a single
+# output element (w is then the one row of J). The generated rule
+# (``elementwise_kernel`` in the preamble) checks at run time which case holds
+# and raises otherwise, so a wrong static claim cannot give a silent number.
+#
+# Which ATen functions compute element-wise is data: the ``pointwise`` tag, or
+# a structured kernel built on TensorIteratorBase (itself or its
+# structured_delegate), in native_functions.yaml. The rest are listed here, each
+# with the math that makes it element-wise in its grad argument.
+
+_ELEMENTWISE_NATIVE: set = set()
+
+
+def elementwise_native_functions() -> set:
+    """ATen functions whose output element i reads only element i of each (broadcast) tensor argument."""
+    if not _ELEMENTWISE_NATIVE:
+        import os
+
+        import torchgen
+        import yaml
+
+        path = os.path.join(os.path.dirname(torchgen.__file__), "packaged", "ATen", "native", "native_functions.yaml")
+        with open(path) as f:
+            entries = yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+        iterator_outs = {e["func"].split("(")[0] for e in entries if e.get("structured_inherits") == "TensorIteratorBase"}
+        for e in entries:
+            name = e["func"].split("(")[0]
+            tags = e.get("tags", [])
+            tags = [tags] if isinstance(tags, str) else tags
+            if "pointwise" in tags or name in iterator_outs or e.get("structured_delegate") in iterator_outs:
+                _ELEMENTWISE_NATIVE.add(name.split(".")[0])
+    return _ELEMENTWISE_NATIVE
+
+
+# Kernels / FunctionsManual helpers that are element-wise in every tensor
+# argument (output i = grad[i] * f(saved[i]), at the broadcast shape), though
+# not tagged so. Loss kernels are element-wise for reduction='none' and give the
+# one row of J for 'mean'/'sum' (a single output element); their reduction only
+# scales by 1/numel.
+ELEMENTWISE_HELPERS = {
+    "hardswish_backward",  # grad * (x<-3 ? 0 : x<=3 ? x/3+0.5 : 1)
+    "hardtanh_backward",  # grad * (min<x<max)
+    "log_sigmoid_backward",  # grad * (1 - sigmoid(x)) via buffer
+    "mish_backward",  # grad * mish'(x)
+    "rrelu_with_noise_backward",  # training: grad * noise; else leaky_relu_backward
+    "fake_quantize_per_tensor_affine_cachemask_backward",  # grad * mask
+    "fake_quantize_per_channel_affine_cachemask_backward",  # grad * mask
+    "infinitely_differentiable_gelu_backward",
+    "elu_double_backward",  # grad * grad_output * elu''(x)
+    "log_sigmoid_double_backward",  # grad * sigmoid'(−x)
+    "softplus_double_backward",  # sigmoid_backward(grad, σ(βx)) * (βx < t) * β
+    "mse_loss_backward",  # 2 (x - t) grad [/ numel]
+    "mse_loss_double_backward",  # 2 grad [/ numel]
+    "huber_loss_backward",
+    "huber_loss_double_backward",
+    "smooth_l1_loss_backward",
+    "smooth_l1_loss_double_backward",
+    "soft_margin_loss_backward",
+    "soft_margin_loss_double_backward",
+    "binary_cross_entropy_backward",
+    "binary_cross_entropy_target_backward",
+    "binary_cross_entropy_with_logits_backward",
+    "binary_cross_entropy_with_logits_target_backward",
+    "_prelu_kernel_backward",  # (grad * (x>0 ? 1 : w), grad * (x>0 ? 0 : x)) at the broadcast shape
+}
+# NOT element-wise although they look it: *_double_backward_grad_output helpers
+# sum over all elements for reduction='mean'/'sum'.
+
+
+def _diagonal(node: Node, other_grads: set) -> bool:
+    """node is linear in grad with a diagonal Jacobian (or has no grad at all: a weight)."""
+    node = _strip(node)
+    names = names_in(node)
+    if names & other_grads:
+        return False
+    if not _uses_grad(node):
+        return True  # a weight (any grad-free expression)
+    if node.kind == "id":
+        return node.value == "grad"
+    if node.kind == "unop" and node.value in ("-", "+"):
+        return _diagonal(node.kids[0], other_grads)
+    if node.kind == "binop":
+        a, b = node.kids
+        if node.value in ("+", "-"):
+            return _uses_grad(a) and _uses_grad(b) and _diagonal(a, other_grads) and _diagonal(b, other_grads)
+        if node.value == "*":
+            return (_uses_grad(a) != _uses_grad(b)) and _diagonal(a, other_grads) and _diagonal(b, other_grads)
+        if node.value == "/":
+            return not _uses_grad(b) and _diagonal(a, other_grads)
+        return False
+    if node.kind == "tern":
+        c, a, b = node.kids
+        c_src = _strip(c)
+        grad_defined = (_method(c_src) or (None, None))[1] == "defined" and _strip(_method(c_src)[0]).kind == "id"
+        if _uses_grad(c) and not grad_defined:
+            return False
+        return all(_diagonal(k, other_grads) or _is_zero_literal(k) or _is_empty_tuple(k) for k in (a, b))
+    m = _method(node)
+    if m:
+        recv, meth, args = m
+        if any(_uses_grad(a) for a in args):
+            return False
+        if meth in ("to", "contiguous", "conj", "resolve_conj", "clone", "type_as"):
+            return _diagonal(recv, other_grads)
+        if meth == "masked_fill" and len(args) == 2 and _is_zero_literal(args[1]):
+            return _diagonal(recv, other_grads)
+        if meth in ("mul", "div") and len(args) == 1:
+            return _diagonal(recv, other_grads)
+        return False
+    name = _call_name(node)
+    if name is None:
+        return False
+    args = node.kids[1:]
+    if name in TRANSPARENT and len(args) == 2:
+        return not _uses_grad(args[0]) and _diagonal(args[1], other_grads)
+    if name == "maybe_multiply" and len(args) == 2:
+        return not _uses_grad(args[1]) and _diagonal(args[0], other_grads)
+    if name == "where" and len(args) == 3:
+        c, a, b = args
+        return not _uses_grad(c) and all(_diagonal(k, other_grads) or _is_zero_literal(k) for k in (a, b))
+    if name in ELEMENTWISE_HELPERS or (name in elementwise_native_functions() and name not in MATMULS):
+        # grad in exactly one argument, that argument diagonal
+        with_grad = [a for a in args if _uses_grad(a)]
+        return len(with_grad) == 1 and _diagonal(with_grad[0], other_grads)
+    return False
+
+
+def _is_empty_tuple(node: Node) -> bool:
+    """``Tensor()`` or ``std::tuple<..>()`` (rewritten to ``Tensor()`` before parsing): no edges."""
+    node = _strip(node)
+    return node.kind == "call" and node.kids[0].kind == "id" and node.kids[0].value == "Tensor" and len(node.kids) == 1
+
+
+def is_elementwise_kernel(formula: str, other_grads: set = frozenset()) -> bool:
+    """The formula is linear in ``grad`` with a diagonal Jacobian at the broadcast
+    shape (or has no edges at all). ``other_grads``: names of the grads of a
+    multi-output node's other outputs (``grads``, ``grad_L`` …) — a formula that
+    reads them is not this node's single-output kernel."""
+    formula = re.sub(r"std::tuple<[\w:, ]*>\(\)", "Tensor()", formula)
+    try:
+        tree = parse(formula)
+    except ParseError:
+        return False
+    if names_in(tree) & ({"grads"} | set(other_grads)):
+        return False
+    if _is_zero_literal(tree) or _src(formula, tree) == "Tensor()":
+        return True
+    return _uses_grad(tree) and _diagonal(tree, set(other_grads))
+
+
+# ---------------------------------------------------------------------------
 # Classification for the coverage table.
 
 CLASSES = [

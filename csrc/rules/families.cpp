@@ -176,6 +176,36 @@ Tensor gather_positions(Node& n, const Tensor& p) {
   return p.gather(f.dim, f.index_.unpack());
 }
 
+// More selections: where each output element copies one input element, found
+// by running the op (or its saved argmax indices) on the flat positions.
+Tensor saved_of(Node& n, const torch::autograd::SavedVariable& v) {
+  return v.unpack(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&n));
+}
+Tensor repeat_positions(Node& n, const Tensor& p) {
+  return p.repeat_symint(static_cast<RepeatBackward0&>(n).repeats);
+}
+Tensor take_positions(Node& n, const Tensor& p) { return p.take(static_cast<TakeBackward0&>(n).index_.unpack()); }
+Tensor masked_select_positions(Node& n, const Tensor& p) {
+  return p.masked_select(static_cast<MaskedSelectBackward0&>(n).mask_.unpack());
+}
+template <class N>
+Tensor unfold_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<N&>(n);
+  return p.unfold(f.dimension, f.size, f.step);
+}
+template <class N>
+Tensor cummaxmin_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<N&>(n);
+  return p.gather(f.dim, saved_of(n, f.indices_));
+}
+// max pooling: result1 holds each output's argmax as a flat index into its
+// plane of `spatial` dims.
+template <class N, int spatial>
+Tensor pool_positions(Node& n, const Tensor& p) {
+  auto idx = saved_of(n, static_cast<N&>(n).result1_);
+  return p.flatten(-spatial).gather(-1, idx.flatten(-spatial)).view(idx.sizes());
+}
+
 // ---- the tables ---------------------------------------------------------------
 // Views, permutations and copies: every input element is reached.
 const char* const kBijective[] = {
@@ -184,6 +214,15 @@ const char* const kBijective[] = {
     "UnsqueezeBackward1", "SqueezeBackward0",    "SqueezeBackward1",      "SqueezeBackward2",
     "SqueezeBackward3",   "SqueezeBackward4",    "AliasBackward0",        "FlipBackward0",
     "RollBackward0",      "StackBackward0",      "ToCopyBackward0",
+    // the *_copy variants, shuffles, sort (a permutation along dim), and the
+    // double backward of nearest upsampling (each grad_output element is summed
+    // into exactly one input pixel: its backward gathers it back)
+    "PermuteBackward0_copy", "SqueezeBackward0_copy", "SqueezeBackward1_copy", "SqueezeBackward2_copy",
+    "SqueezeBackward5", "PixelShuffleBackward0", "PixelUnshuffleBackward0", "ChannelShuffleBackward0",
+    "SortBackward0", "SortBackward1",
+    "UpsampleNearest1DBackwardBackward0", "UpsampleNearest2DBackwardBackward0", "UpsampleNearest3DBackwardBackward0",
+    "UpsampleNearestExact1DBackwardBackward0", "UpsampleNearestExact2DBackwardBackward0",
+    "UpsampleNearestExact3DBackwardBackward0",
 };
 // Injective placements: some input positions may receive nothing.
 const char* const kInjective[] = {
@@ -192,6 +231,22 @@ const char* const kInjective[] = {
     "TriuBackward0",         "ConstantPadNdBackward0", "NarrowCopyBackward0",   "SliceScatterBackward0",
     "SelectScatterBackward0", "ScatterBackward0",      "ScatterBackward1",      "IndexFillBackward0",
     "MaskedScatterBackward0",
+    "SelectBackward0_copy", "SliceBackward0_copy", "DiagonalBackward0_copy", "SplitBackward0_copy",
+    "SplitWithSizesBackward0_copy", "UnbindBackward0_copy", "UnsafeSplitBackward0", "UnsafeSplitWithSizesBackward0",
+    // value-selecting reductions: the selected element takes its output's value, the rest none
+    "TopkBackward0", "KthvalueBackward0", "ModeBackward0", "MedianBackward1", "NanmedianBackward1",
+    // col2im sums patches into pixels: each patch entry feeds one pixel (padding: none); backward = im2col
+    "Col2ImBackward0",
+    // max_unpool writes each input at its index; the double backward of max pooling (and of the
+    // padding / embedding kernels) scatters each grad_output element into one position: their
+    // backward gathers it back, and the original input (formula zero) gets no edge
+    "MaxUnpool2DBackward0", "MaxUnpool3DBackward0",
+    "MaxPool2DWithIndicesBackwardBackward0", "MaxPool3DWithIndicesBackwardBackward0",
+    "AdaptiveMaxPool2DBackwardBackward0", "AdaptiveMaxPool3DBackwardBackward0",
+    "FractionalMaxPool2DBackwardBackward0", "FractionalMaxPool3DBackwardBackward0",
+    "ReflectionPad1DBackwardBackward0", "ReflectionPad2DBackwardBackward0", "ReflectionPad3DBackwardBackward0",
+    "ReplicationPad1DBackwardBackward0", "ReplicationPad2DBackwardBackward0", "ReplicationPad3DBackwardBackward0",
+    "EmbeddingDenseBackwardBackward0", "MaskedScatterBackwardBackward0",
 };
 
 }  // namespace
@@ -227,13 +282,39 @@ void register_builtin_rules() {
   register_rule("LinalgVectorNormBackward0", reduction_rule(reduced_by_fields<LinalgVectorNormBackward0>), "reduction");
   register_rule("StdBackward0", reduction_rule(reduced_by_fields<StdBackward0>), "reduction");
   register_rule("VarBackward0", reduction_rule(reduced_by_fields<VarBackward0>), "reduction");
+  register_rule("NormBackward2", reduction_rule(reduced_all), "reduction");
+  register_rule("NormBackward3", reduction_rule(reduced_by_fields<NormBackward3>), "reduction");
+  register_rule("NansumBackward0", reduction_rule(reduced_by_fields<NansumBackward0>), "reduction");
+  register_rule("TraceBackward0", reduction_rule(reduced_all), "reduction");  // off-diagonal weights 0: no edge
+  register_rule("MedianBackward0", reduction_rule(reduced_all), "reduction");  // ties share 1/count
+  register_rule("NanmedianBackward0", reduction_rule(reduced_all), "reduction");
 
   register_rule("IndexBackward0", selection_rule(index_positions), "selection");
   register_rule("IndexSelectBackward0", selection_rule(index_select_positions), "selection");
   register_rule("GatherBackward0", selection_rule(gather_positions), "selection");
+  register_rule("RepeatBackward0", selection_rule(repeat_positions), "selection");
+  register_rule("TakeBackward0", selection_rule(take_positions), "selection");
+  register_rule("MaskedSelectBackward0", selection_rule(masked_select_positions), "selection");
+  register_rule("UnfoldBackward0", selection_rule(unfold_positions<UnfoldBackward0>), "selection");
+  register_rule("UnfoldBackward0_copy", selection_rule(unfold_positions<UnfoldBackward0_copy>), "selection");
+  register_rule("CummaxBackward0", selection_rule(cummaxmin_positions<CummaxBackward0>), "selection");
+  register_rule("CumminBackward0", selection_rule(cummaxmin_positions<CumminBackward0>), "selection");
+  register_rule("MaxPool2DWithIndicesBackward0", selection_rule(pool_positions<MaxPool2DWithIndicesBackward0, 2>),
+                "selection");
+  register_rule("MaxPool3DWithIndicesBackward0", selection_rule(pool_positions<MaxPool3DWithIndicesBackward0, 3>),
+                "selection");
+  register_rule("AdaptiveMaxPool2DBackward0", selection_rule(pool_positions<AdaptiveMaxPool2DBackward0, 2>), "selection");
+  register_rule("AdaptiveMaxPool3DBackward0", selection_rule(pool_positions<AdaptiveMaxPool3DBackward0, 3>), "selection");
+  register_rule("FractionalMaxPool2DBackward0", selection_rule(pool_positions<FractionalMaxPool2DBackward0, 2>),
+                "selection");
+  register_rule("FractionalMaxPool3DBackward0", selection_rule(pool_positions<FractionalMaxPool3DBackward0, 3>),
+                "selection");
 
   register_rule("NllLossBackward0", reduction_rule(reduced_by_nll_loss<NllLossBackward0>), "reduction");
   register_rule("NllLoss2DBackward0", reduction_rule(reduced_by_nll_loss<NllLoss2DBackward0>), "reduction");
+  register_rule("MultiMarginLossBackward0", reduction_rule(reduced_by_nll_loss<MultiMarginLossBackward0>), "reduction");
+  register_rule("MultilabelMarginLossBackward0", reduction_rule(reduced_by_nll_loss<MultilabelMarginLossBackward0>),
+                "reduction");
   register_rule("EmbeddingBackward0", selection_rule(embedding_positions, embedding_weights), "selection");
 
   register_linear_algebra_rules();
