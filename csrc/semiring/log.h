@@ -1,17 +1,15 @@
 // log: log Z = log Σ_paths Π|w|, carried in log space so deep products do not
 // underflow. ⊕ = logaddexp, ⊗ = +, lift(w) = log|w| (log 0 = −∞ = zero).
 #pragma once
-#include "semiring.h"
+#include "log_space.h"
 
 #include "kernels/cpu_gemm.h"
 
 namespace torch_semiring {
 
-class LogSemiring final : public Semiring {
+class LogSemiring final : public LogSpaceSemiring {
  public:
   std::string name() const override { return "log"; }
-  int64_t components() const override { return 1; }
-  Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
   // Exp-shifted GEMMs with exact recomputation of underflowing entries, where they apply.
   Tensor matmul(const Tensor& g, const Tensor& w) const override {
     auto fast = kernels::log_matmul(g, w);
@@ -32,17 +30,6 @@ class LogSemiring final : public Semiring {
   }
 
  protected:
-  Tensor do_zero(at::IntArrayRef s, const at::TensorOptions& o) const override {
-    return constant_value({-std::numeric_limits<double>::infinity()}, s, o);
-  }
-  Tensor do_one(at::IntArrayRef s, const at::TensorOptions& o) const override {
-    return constant_value({0.0}, s, o);
-  }
-  Tensor do_lift(const Tensor& w) const override { return w.abs().log().unsqueeze(0); }
-  Tensor do_otimes(const Tensor& a, const Tensor& b) const override { return a + b; }
-  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
-    return a + w.abs().log();
-  }
   Tensor do_oplus(const Tensor& a, const Tensor& b) const override { return at::logaddexp(a, b); }
   Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
     return dims.empty() ? a : at::logsumexp(a, dims, keepdim);
