@@ -132,6 +132,20 @@ def test_component_flow_on_a_tiny_bert():
     assert all(c is None or c.startswith("bert.") for c in flow["consumer"])
 
 
+def test_dataset_flow_concatenates_examples():
+    model = tiny("bert", "eager", layers=2, dropout=0.0).double().eval()
+
+    def forward(ids):
+        with ts.track_modules(model):
+            result = model(input_ids=torch.tensor([ids]), output_hidden_states=True)
+        return result.logits[0, 1], {"layer 0": result.hidden_states[0], "layer 1": result.hidden_states[1]}
+
+    flow = ts.dataset_flow([[2, 5, 7], [3, 9, 4, 4]], forward, progress=False)
+    assert flow["example"].tolist().count(0) == 2 * 3 and flow["example"].tolist().count(1) == 2 * 4
+    alone = ts.component_flow(*forward([3, 9, 4, 4]))
+    assert flow[flow["example"] == 1]["value"].tolist() == pytest.approx(alone["value"].tolist(), rel=1e-12)
+
+
 def test_exports(tmp_path):
     from torch_semiring.render import heatmap, render_paths
 

@@ -19,7 +19,7 @@ from . import _C
 from .decompose import decomposed
 from .engine import backward, grad
 from .mode import get_semiring, semiring, set_semiring
-from .paths import Path, Step, component_flow, top_paths, track_modules
+from .paths import Path, Step, component_flow, dataset_flow, top_paths, track_modules
 from .rules import has_rule, register_rule, registered_rules
 from .semirings import semirings
 from .torch_integration import install as _install
@@ -27,7 +27,7 @@ from .torch_integration import install as _install
 __all__ = [
     "grad", "backward", "semiring", "set_semiring", "get_semiring", "semirings",
     "register_rule", "has_rule", "registered_rules", "set_logging", "decomposed",
-    "top_paths", "component_flow", "track_modules", "Path", "Step",
+    "top_paths", "component_flow", "dataset_flow", "track_modules", "Path", "Step",
 ]
 
 _log = _logging.getLogger("torch_semiring")

@@ -382,3 +382,23 @@ def component_flow(
                 rows.append({"layer": label, "batch": b, "token": t, "branch": _branch(consumer, branches),
                              "value": float(scores[b, t, h]), "consumer": consumer})
     return pd.DataFrame(rows)
+
+
+def dataset_flow(examples, forward, semiring: str = "viterbi", branches: Optional[dict] = None,
+                 progress: bool = True):
+    """component_flow over a dataset, with a progress bar.
+
+    ``forward(example)`` runs the model on one example and returns
+    ``(output, {label: tensor})`` (run the model inside :func:`track_modules`).
+    Returns one DataFrame with an ``example`` column added.
+    """
+    import pandas as pd
+    from tqdm import tqdm
+
+    frames = []
+    for i, example in enumerate(tqdm(examples, desc="component flow", disable=not progress)):
+        output, tensors = forward(example)
+        frame = component_flow(output, tensors, semiring=semiring, branches=branches)
+        frame.insert(0, "example", i)
+        frames.append(frame)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
