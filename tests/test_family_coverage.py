@@ -73,6 +73,27 @@ def masked_scatter_double_backward():
     return readout(gs), [go]  # masked_select of go: s is not an input
 
 
+def upsample(*fs, shape, seed=0):
+    """Several nearest upsamplings of one input (sizes and fractional scales)."""
+    return lambda: (lambda x: (readout(*(f(x) for f in fs)), [x]))(grid(*shape, seed=seed))
+
+
+def ctc_case(tensor_lengths):
+    """Sample 1 is shorter than T (its late frames have weight 0: no edge);
+    log_alpha, the second output, is not differentiable."""
+    def case():
+        lp = torch.randn(6, 3, 4, generator=torch.Generator().manual_seed(5), dtype=D).log_softmax(2)
+        lp.requires_grad_()
+        targets = torch.tensor([[1, 2, 2], [3, 1, 0], [2, 0, 0]])
+        il, tl = [6, 4, 6], [3, 2, 1]
+        if tensor_lengths:
+            out = aten._ctc_loss.Tensor(lp, targets, torch.tensor(il), torch.tensor(tl), 0, False)[0]
+            return readout(out, out.sum()), [lp]
+        return readout(F.ctc_loss(lp, targets, il, tl, reduction="none"),
+                       F.ctc_loss(lp, targets, il, tl, blank=0, reduction="sum")), [lp]
+    return case
+
+
 MULTI_T = torch.tensor([2, 0, 3])
 MULTILABEL_T = torch.tensor([[3, 0, -1, 1], [1, 2, 3, -1], [0, -1, 2, 2]])
 
@@ -146,7 +167,34 @@ CASES = {
         x, 2, output_size=2, _random_samples=torch.full((1, 1, 2), 0.5, dtype=D)), 1, 1, 4, 4)),
     "FractionalMaxPool3DBackward0": ("selection", one(lambda x: F.fractional_max_pool3d(
         x, 2, output_size=2, _random_samples=torch.full((1, 1, 3), 0.5, dtype=D)), 1, 1, 4, 4, 4)),
+    # nearest upsampling and reflection / replication padding: each output copies one input element
+    "UpsampleNearest1DBackward0": ("selection", upsample(nearest(scale_factor=2), nearest(scale_factor=1.7),
+                                                         nearest(size=2), shape=(1, 2, 3))),
+    "UpsampleNearest2DBackward0": ("selection", upsample(
+        nearest(size=(3, 5)), lambda x: aten.upsample_nearest2d.vec(x, None, [1.5, 2.0]), shape=(1, 2, 2, 3))),
+    "UpsampleNearest3DBackward0": ("selection", upsample(nearest(scale_factor=2), nearest(size=(3, 2, 1)),
+                                                         shape=(1, 1, 2, 1, 3))),
+    "UpsampleNearestExact1DBackward0": ("selection", upsample(nearest(size=5, mode="nearest-exact"),
+                                                              nearest(scale_factor=1.7, mode="nearest-exact"),
+                                                              shape=(1, 2, 3))),
+    "UpsampleNearestExact2DBackward0": ("selection", upsample(
+        nearest(size=(3, 5), mode="nearest-exact"), lambda x: aten._upsample_nearest_exact2d.vec(x, None, [2.5, 1.5]),
+        shape=(1, 1, 2, 3))),
+    "UpsampleNearestExact3DBackward0": ("selection", upsample(nearest(scale_factor=2, mode="nearest-exact"),
+                                                              nearest(size=(1, 3, 2), mode="nearest-exact"),
+                                                              shape=(1, 1, 2, 1, 3))),
+    "ReflectionPad1DBackward0": ("selection", one(lambda x: F.pad(x, (2, 3), mode="reflect"), 1, 2, 4)),
+    "ReflectionPad2DBackward0": ("selection", one(lambda x: F.pad(x, (1, 2, 2, 0), mode="reflect"), 1, 2, 3, 3)),
+    "ReflectionPad3DBackward0": ("selection", one(lambda x: F.pad(x, (1, 0, 1, 1, 0, 1), mode="reflect"), 1, 1, 2, 2, 3)),
+    "ReplicationPad1DBackward0": ("selection", one(lambda x: F.pad(x, (3, 1), mode="replicate"), 1, 2, 3)),
+    "ReplicationPad2DBackward0": ("selection", one(lambda x: F.pad(x, (1, 2, 2, 0), mode="replicate"), 1, 1, 2, 3)),
+    "ReplicationPad3DBackward0": ("selection", one(lambda x: F.pad(x, (1, 0, 2, 1, 0, 1), mode="replicate"), 1, 1, 2, 2, 2)),
+    # scan: cumsum's Jacobian is 1 on and below the diagonal (a reverse prefix-⊕)
+    "CumsumBackward0": ("scan", lambda: (lambda x: (readout(
+        x.cumsum(1), x.cumsum(-2), x[1, 2].cumsum(0)), [x]))(grid(3, 5))),
     # reduction: each input element feeds exactly one output element
+    "CtcLossBackward0": ("reduction", ctc_case(False)),
+    "CtcLossBackward1": ("reduction", ctc_case(True)),
     "NormBackward2": ("reduction", one(lambda x: aten.norm.ScalarOpt_dtype(x, 3, dtype=D), 2, 3)),
     "NormBackward3": ("reduction", one(lambda x: aten.norm.ScalarOpt_dim_dtype(x, 3, [1], False, dtype=D), 2, 3)),
     "NansumBackward0": ("reduction", lambda: (lambda x: (readout(torch.nansum(x, 1), torch.nansum(x)), [x]))(

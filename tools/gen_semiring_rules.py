@@ -35,7 +35,7 @@ import semiring_formulas as sf  # noqa: E402
 from gen_rule_tables import EXTRA_POINTWISE  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-GENERIC_FAMILIES = {"pointwise", "placement", "broadcast", "reduction", "selection"}
+GENERIC_FAMILIES = {"pointwise", "placement", "broadcast", "reduction", "selection", "scan"}
 
 
 def load_infos():
@@ -421,7 +421,7 @@ def render_coverage(plans: list[NodePlan], registry: dict, torch_version: str) -
         "A *live formula* is one backward formula (one input of one node) that is not `not_implemented`.",
         "A node's rule is **generated** (rewritten from its formulas by `tools/semiring_formulas.py`),",
         "**generic** (a family in `csrc/rules/families.cpp`: pointwise, placement, broadcast, reduction,",
-        "selection), **hand-written** (`csrc/rules/linear_algebra.cpp`, …) or **none** (the engine raises a",
+        "selection, scan), **hand-written** (`csrc/rules/linear_algebra.cpp`, …) or **none** (the engine raises a",
         "clear error naming the node; `ts.register_rule` adds one).",
         "",
         "## Summary",

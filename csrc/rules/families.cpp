@@ -206,6 +206,64 @@ Tensor pool_positions(Node& n, const Tensor& p) {
   return p.flatten(-spatial).gather(-1, idx.flatten(-spatial)).view(idx.sizes());
 }
 
+// Nearest upsampling and reflection / replication padding copy one input
+// element into each output: run the same forward, on the positions as float64
+// (exact below 2^53), and read them back.
+Tensor as_positions(const Tensor& copied) { return copied.round().to(at::kLong); }
+Tensor upsample_nearest1d_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<UpsampleNearest1DBackward0&>(n);
+  return as_positions(at::upsample_nearest1d_symint(p.to(at::kDouble), f.output_size, f.scales));
+}
+Tensor upsample_nearest_exact1d_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<UpsampleNearestExact1DBackward0&>(n);
+  return as_positions(at::_upsample_nearest_exact1d_symint(p.to(at::kDouble), f.output_size, f.scales));
+}
+Tensor upsample_nearest2d_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<UpsampleNearest2DBackward0&>(n);
+  return as_positions(at::upsample_nearest2d_symint(p.to(at::kDouble), f.output_size, f.scales_h, f.scales_w));
+}
+Tensor upsample_nearest_exact2d_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<UpsampleNearestExact2DBackward0&>(n);
+  return as_positions(
+      at::_upsample_nearest_exact2d_symint(p.to(at::kDouble), f.output_size, f.scales_h, f.scales_w));
+}
+Tensor upsample_nearest3d_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<UpsampleNearest3DBackward0&>(n);
+  return as_positions(
+      at::upsample_nearest3d_symint(p.to(at::kDouble), f.output_size, f.scales_d, f.scales_h, f.scales_w));
+}
+Tensor upsample_nearest_exact3d_positions(Node& n, const Tensor& p) {
+  auto& f = static_cast<UpsampleNearestExact3DBackward0&>(n);
+  return as_positions(
+      at::_upsample_nearest_exact3d_symint(p.to(at::kDouble), f.output_size, f.scales_d, f.scales_h, f.scales_w));
+}
+#define TS_PAD_POSITIONS(Node_, op)                                          \
+  Tensor op##_positions(Node& n, const Tensor& p) {                          \
+    return as_positions(at::op##_symint(p.to(at::kDouble), static_cast<Node_&>(n).padding)); \
+  }
+TS_PAD_POSITIONS(ReflectionPad1DBackward0, reflection_pad1d)
+TS_PAD_POSITIONS(ReflectionPad2DBackward0, reflection_pad2d)
+TS_PAD_POSITIONS(ReflectionPad3DBackward0, reflection_pad3d)
+TS_PAD_POSITIONS(ReplicationPad1DBackward0, replication_pad1d)
+TS_PAD_POSITIONS(ReplicationPad2DBackward0, replication_pad2d)
+TS_PAD_POSITIONS(ReplicationPad3DBackward0, replication_pad3d)
+#undef TS_PAD_POSITIONS
+
+// ---- scans: cumsum's Jacobian is 1 for every j <= i along dim, so input j
+// collects ⊕_{i>=j} g_i, a reverse inclusive prefix-⊕.
+std::vector<Tensor> cumsum_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  if (!ctx.needs(0) || !grads[0].defined()) return {Tensor()};
+  const auto& g = grads[0];
+  if (g.dim() == 1) return {g};  // a 0-d input: cumsum is the identity
+  return {ctx.semiring.prefix_oplus(g, static_cast<CumsumBackward0&>(ctx.node).dim, /*reverse=*/true)};
+}
+
+// _ctc_loss: log_probs (T, N, C) (always batched; ctc_loss unsqueezes an
+// unbatched input) feeds only the loss of its own sample n (the log_alpha
+// output is not differentiable): a reduction over dims {0, 2}. Frames past
+// input_lengths[n] get weight 0, i.e. no edge.
+Reduced reduced_by_ctc_loss(Node&) { return {{0, 2}, false}; }
+
 // ---- the tables ---------------------------------------------------------------
 // Views, permutations and copies: every input element is reached.
 const char* const kBijective[] = {
@@ -309,6 +367,22 @@ void register_builtin_rules() {
                 "selection");
   register_rule("FractionalMaxPool3DBackward0", selection_rule(pool_positions<FractionalMaxPool3DBackward0, 3>),
                 "selection");
+
+  register_rule("UpsampleNearest1DBackward0", selection_rule(upsample_nearest1d_positions), "selection");
+  register_rule("UpsampleNearest2DBackward0", selection_rule(upsample_nearest2d_positions), "selection");
+  register_rule("UpsampleNearest3DBackward0", selection_rule(upsample_nearest3d_positions), "selection");
+  register_rule("UpsampleNearestExact1DBackward0", selection_rule(upsample_nearest_exact1d_positions), "selection");
+  register_rule("UpsampleNearestExact2DBackward0", selection_rule(upsample_nearest_exact2d_positions), "selection");
+  register_rule("UpsampleNearestExact3DBackward0", selection_rule(upsample_nearest_exact3d_positions), "selection");
+  register_rule("ReflectionPad1DBackward0", selection_rule(reflection_pad1d_positions), "selection");
+  register_rule("ReflectionPad2DBackward0", selection_rule(reflection_pad2d_positions), "selection");
+  register_rule("ReflectionPad3DBackward0", selection_rule(reflection_pad3d_positions), "selection");
+  register_rule("ReplicationPad1DBackward0", selection_rule(replication_pad1d_positions), "selection");
+  register_rule("ReplicationPad2DBackward0", selection_rule(replication_pad2d_positions), "selection");
+  register_rule("ReplicationPad3DBackward0", selection_rule(replication_pad3d_positions), "selection");
+  register_rule("CumsumBackward0", cumsum_rule, "scan");
+  register_rule("CtcLossBackward0", reduction_rule(reduced_by_ctc_loss), "reduction");
+  register_rule("CtcLossBackward1", reduction_rule(reduced_by_ctc_loss), "reduction");
 
   register_rule("NllLossBackward0", reduction_rule(reduced_by_nll_loss<NllLossBackward0>), "reduction");
   register_rule("NllLoss2DBackward0", reduction_rule(reduced_by_nll_loss<NllLoss2DBackward0>), "reduction");

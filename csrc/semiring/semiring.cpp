@@ -150,7 +150,7 @@ Tensor shifted(const Semiring& sr, const Tensor& t, int64_t s, int64_t d) {
   return at::cat({fill, t.narrow(d, 0, n - s)}, d);
 }
 // Inclusive prefix ⊕ along value dim d by log-step doubling (Hillis–Steele).
-Tensor prefix_oplus(const Semiring& sr, Tensor t, int64_t d) {
+Tensor doubling_scan(const Semiring& sr, Tensor t, int64_t d) {
   for (int64_t s = 1; s < t.size(d); s *= 2) t = sr.oplus(t, shifted(sr, t, s, d));
   return t;
 }
@@ -158,9 +158,15 @@ Tensor prefix_oplus(const Semiring& sr, Tensor t, int64_t d) {
 
 Tensor Semiring::exclusive_oplus(const Tensor& v, int64_t dim) const {
   const int64_t d = at::maybe_wrap_dim(dim, v.dim() - 1) + 1;
-  auto before = shifted(*this, prefix_oplus(*this, v, d), 1, d);
-  auto after = shifted(*this, prefix_oplus(*this, v.flip(d), d), 1, d).flip(d);
+  auto before = shifted(*this, doubling_scan(*this, v, d), 1, d);
+  auto after = shifted(*this, doubling_scan(*this, v.flip(d), d), 1, d).flip(d);
   return oplus(before, after);
+}
+
+Tensor Semiring::prefix_oplus(const Tensor& v, int64_t dim, bool reverse) const {
+  const int64_t d = at::maybe_wrap_dim(dim, v.dim() - 1) + 1;
+  if (!reverse) return doubling_scan(*this, v, d);
+  return doubling_scan(*this, v.flip(d), d).flip(d);
 }
 
 Tensor Semiring::with_origin(const Tensor&, int64_t) const {

@@ -70,6 +70,10 @@ class Semiring {
   // a suffix scan (log-step doubling, binary ⊕ only), so it needs no inverse
   // of ⊕; semirings with a cheaper exact form override it.
   virtual Tensor exclusive_oplus(const Tensor& v, int64_t dim) const;
+  // Inclusive scan along element dim `dim`: out[j] = ⊕_{i≤j} v[i], or with
+  // reverse ⊕_{i≥j} v[i] (cumsum's Jacobian). The default is the log-step
+  // doubling scan exclusive_oplus uses (binary ⊕ only).
+  virtual Tensor prefix_oplus(const Tensor& v, int64_t dim, bool reverse = false) const;
 
  protected:
   virtual Tensor do_zero(at::IntArrayRef shape, const at::TensorOptions& opts) const = 0;
