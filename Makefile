@@ -36,7 +36,11 @@ demo: build
 tiny-demo: build
 	$(VPY) -m torch_semiring demo
 
+# Kernel throughput, then backward time and peak memory per semiring on six models
+# (with the tensor-subclass baseline); tables on stdout, JSON in benchmarks/results/.
+# ~15 minutes on one core of these machines (BENCH_BIG_BUDGET_S caps each big model).
 bench: build
+	$(VPY) benchmarks/kernels.py
 	$(VPY) benchmarks/run.py
 
 # docs/coverage.md: which autograd nodes have generated / generic / hand-written
