@@ -119,6 +119,44 @@ def train(model, tokens, labels, val_tokens, val_labels, epochs, seed=0, progres
     return history
 
 
+def _forward(model, ids, decompose, **kwargs):
+    if decompose:
+        with ts.decomposed():
+            return model(input_ids=ids, **kwargs)
+    return model(input_ids=ids, **kwargs)
+
+
+def branch_best(model, ids, gold, decompose=False):
+    """(batch, tokens, branch): the best max_abs path value out of each token *through each branch*.
+
+    Each branch gets its own copy (x * 1.0, one edge of weight 1) of the attention input, made by forward
+    pre-hooks on the query / key / value linears and on the residual input of ``attention.output``; the
+    max_abs readout at a copy is the best path through that branch (a weight-1 edge changes no product).
+    """
+    layer = model.bert.encoder.layer[0].attention
+    copies = {}
+
+    def copy(branch, position):
+        def hook(module, args):
+            args = list(args)
+            args[position] = args[position] * 1.0
+            copies[branch] = args[position]
+            return tuple(args)
+        return hook
+
+    handles = [layer.self.query.register_forward_pre_hook(copy("query", 0)),
+               layer.self.key.register_forward_pre_hook(copy("key", 0)),
+               layer.self.value.register_forward_pre_hook(copy("value", 0)),
+               layer.output.register_forward_pre_hook(copy("skip", 1))]
+    try:
+        score = _forward(model, ids, decompose).logits.gather(1, gold[:, None]).squeeze(1)
+    finally:
+        for h in handles:
+            h.remove()
+    values = ts.grad(score, [copies[b] for b in BRANCHES], grad_outputs=torch.ones_like(score), semiring="max_abs")
+    return torch.stack([v.amax(-1) for v in values], -1)
+
+
 def branch_credit(model, tokens, labels, repeat, decompose=False, chunk=250, progress=True):
     """Per group and branch, the mean credited max_abs top-path value (and how often each branch wins)."""
     from tqdm import tqdm
@@ -128,23 +166,27 @@ def branch_credit(model, tokens, labels, repeat, decompose=False, chunk=250, pro
     wins = {g: {b: 0 for b in BRANCHES} for g in GROUPS}
     counts = {g: 0 for g in GROUPS}
     consumers = {}
+    best_sums = {g: {b: 0.0 for b in BRANCHES} for g in GROUPS}
+    mismatch = 0.0
     for i in tqdm(range(0, len(tokens), chunk), desc="paths" + (" (decomposed)" if decompose else ""),
                   disable=not progress):
         ids, gold, rep = tokens[i:i + chunk], labels[i:i + chunk], repeat[i:i + chunk]
         with ts.track_modules(model):
-            if decompose:
-                with ts.decomposed():
-                    out = model(input_ids=ids, output_hidden_states=True)
-            else:
-                out = model(input_ids=ids, output_hidden_states=True)
+            out = _forward(model, ids, decompose, output_hidden_states=True)
         score = out.logits.gather(1, gold[:, None]).squeeze(1)  # the logit of the gold class
         flow = ts.component_flow(score, {"attention input": out.hidden_states[0]}, semiring="max_abs",
                                  grad_outputs=torch.ones_like(score))
+        best = branch_best(model, ids, gold, decompose)  # (batch, tokens, branch)
         for row in flow.itertuples():
             t, b = int(row.token), int(row.batch)
             group = "first" if t == 0 else "repeated" if t == int(rep[b]) else "other"
             if row.branch not in BRANCHES:
                 raise RuntimeError(f"unexpected branch {row.branch!r} (consumer {row.consumer!r})")
+            # the winner's value is the best of the per-branch bests, and it is the winning branch's best
+            mismatch = max(mismatch, abs(row.value - float(best[b, t].max())),
+                           abs(row.value - float(best[b, t, BRANCHES.index(row.branch)])))
+            for j, branch in enumerate(BRANCHES):
+                best_sums[group][branch] += float(best[b, t, j])
             sums[group][row.branch] += row.value
             wins[group][row.branch] += 1
             counts[group] += 1
@@ -153,6 +195,8 @@ def branch_credit(model, tokens, labels, repeat, decompose=False, chunk=250, pro
     result = {g: {b: sums[g][b] / max(counts[g], 1) for b in BRANCHES} for g in GROUPS}
     result["branch_frequency"] = {g: {b: wins[g][b] / max(counts[g], 1) for b in BRANCHES} for g in GROUPS}
     result["token_counts"] = counts
+    result["branch_best"] = {g: {b: best_sums[g][b] / max(counts[g], 1) for b in BRANCHES} for g in GROUPS}
+    result["winner_vs_branch_best_max_abs_difference"] = mismatch
     result["consumer_modules"] = consumers
     return result
 
@@ -165,16 +209,23 @@ def plot(result, path):
 
     columns = [("paper", {g: {b: (PAPER[g][b] if isinstance(PAPER[g][b], float) else 0.0) for b in BRANCHES}
                           for g in GROUPS}),
-               ("ours, fused nodes", result), ("ours, decomposed", result["decomposed"])]
-    fig, axes = plt.subplots(1, len(columns), figsize=(4.2 * len(columns), 3.4))
+               ("ours, fused nodes", result), ("ours, decomposed", result["decomposed"]),
+               ("ours, fused: best path through each branch\n(winner or not; log scale)", result["branch_best"]),
+               ("ours, decomposed: best path through each\nbranch (winner or not; log scale)",
+                result["decomposed_branch_best"])]
+    fig, axes = plt.subplots(1, len(columns), figsize=(4.2 * len(columns), 3.6))
     width = 0.2
     x = np.arange(len(GROUPS))
     for ax, (title, data) in zip(axes, columns):
         for j, b in enumerate(BRANCHES):
             ax.bar(x + (j - 1.5) * width, [data[g][b] for g in GROUPS], width, label=b)
         ax.set_xticks(x, [f"{g} token" for g in GROUPS])
-        ax.set_title(title, fontsize=10)
-        ax.set_ylabel("mean top-path value credited to branch")
+        ax.set_title(title, fontsize=9)
+        if "log scale" in title:
+            ax.set_yscale("log")
+            ax.set_ylabel("mean best path value through branch")
+        else:
+            ax.set_ylabel("mean top-path value credited to branch")
     axes[0].legend(fontsize=8)
     fig.suptitle("FirstTokenRepeatedOnce: branch of the max_abs top path out of the attention input "
                  "(gold-class logit)", fontsize=10)
@@ -188,6 +239,9 @@ def main(argv=None):
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds); results go to --out")
     parser.add_argument("--epochs", type=int, default=60, help="at most this many epochs (stops at 100 %% val)")
     parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--seed", type=int, default=0,
+                        help="model initialisation / training seed (the data set always uses seed 0); a seed "
+                             "other than 0 writes first_token_repeated_once_seed<N>.json/.png")
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     progress = not args.no_progress
@@ -197,8 +251,9 @@ def main(argv=None):
     n, epochs, n_explain = (200, 1, 10) if args.smoke else (10_000, args.epochs, 1000)
     tokens, labels, repeat = make_dataset(n)
     tr, va, te = split(n)
-    model = make_model()
-    history = train(model, tokens[tr], labels[tr], tokens[va], labels[va], epochs, progress=progress)
+    model = make_model(args.seed)
+    history = train(model, tokens[tr], labels[tr], tokens[va], labels[va], epochs, seed=args.seed,
+                    progress=progress)
     train_seconds = time.perf_counter() - start
     val_acc, test_acc = accuracy(model, tokens[va], labels[va]), accuracy(model, tokens[te], labels[te])
 
@@ -221,18 +276,25 @@ def main(argv=None):
         "branch_frequency": fused["branch_frequency"],
         "decomposed_branch_frequency": decomposed["branch_frequency"],
         "token_counts": fused["token_counts"],
+        # mean over the group's tokens of the best path value through each branch (winner or not)
+        "branch_best": fused["branch_best"],
+        "decomposed_branch_best": decomposed["branch_best"],
+        "winner_vs_branch_best_max_abs_difference": max(fused["winner_vs_branch_best_max_abs_difference"],
+                                                        decomposed["winner_vs_branch_best_max_abs_difference"]),
         "consumer_modules": fused["consumer_modules"],
         "decomposed_consumer_modules": decomposed["consumer_modules"],
         "training": history,
         "seconds": {"train": train_seconds, "paths_fused": fused_seconds, "paths_decomposed": decomposed_seconds,
                     "total": time.perf_counter() - start},
         "smoke": args.smoke,
+        "seed": args.seed,
         "paper": PAPER,
     }
     os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "first_token_repeated_once.json"), "w") as f:
+    stem = os.path.join(args.out, "first_token_repeated_once" + (f"_seed{args.seed}" if args.seed else ""))
+    with open(stem + ".json", "w") as f:
         json.dump(result, f, indent=1)
-    plot(result, os.path.join(args.out, "first_token_repeated_once.png"))
+    plot(result, stem + ".png")
     print(f"validation accuracy {val_acc:.4f}, test accuracy {test_acc:.4f}, "
           f"{len(history)} epochs; total {result['seconds']['total']:.1f} s")
     for name, data in (("fused", result), ("decomposed", result["decomposed"])):

@@ -34,6 +34,11 @@ def test_first_token_repeated_once_smoke(tmp_path):
         assert sum(result["branch_frequency"][group].values()) == pytest.approx(1.0 if result["token_counts"][group]
                                                                                 else 0.0)
     assert result["token_counts"]["first"] == result["explained_sentences"]
+    # the winning path's value is the best of the per-branch best paths (two independent passes agree)
+    assert result["winner_vs_branch_best_max_abs_difference"] <= 1e-12
+    for best in (result["branch_best"], result["decomposed_branch_best"]):
+        for group in ("first", "repeated", "other"):
+            assert all(math.isfinite(v) and v >= 0.0 for v in best[group].values())
     assert (tmp_path / "first_token_repeated_once.png").stat().st_size > 0
 
 
