@@ -113,6 +113,15 @@ def plot(result, path):
 
 
 def main(argv=None):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # reproducible and kind to a shared machine; restored for in-process callers
+    try:
+        return _main(argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds); results go to --out")
     parser.add_argument("--seeds", type=int, default=5)
@@ -121,7 +130,6 @@ def main(argv=None):
     args = parser.parse_args(argv)
     from tqdm import tqdm
 
-    torch.set_num_threads(1)
     start = time.perf_counter()
     n, hidden, seeds = (640, (4, 16), 1) if args.smoke else (20_000, HIDDEN, args.seeds)
     data = make_data(n)

@@ -235,6 +235,15 @@ def plot(result, path):
 
 
 def main(argv=None):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # reproducible and kind to a shared machine; restored for in-process callers
+    try:
+        return _main(argv)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds); results go to --out")
     parser.add_argument("--epochs", type=int, default=60, help="at most this many epochs (stops at 100 %% val)")
@@ -245,7 +254,6 @@ def main(argv=None):
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     progress = not args.no_progress
-    torch.set_num_threads(1)  # reproducible and kind to a shared machine
 
     start = time.perf_counter()
     n, epochs, n_explain = (200, 1, 10) if args.smoke else (10_000, args.epochs, 1000)
