@@ -320,7 +320,7 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
     const bool any_value = std::any_of(grads.begin(), grads.end(), [](const at::Tensor& t) { return t.defined(); });
     const RuleEntry* entry = nullptr;
     if (any_value) {
-      entry = find_rule(node.name());
+      entry = sr.stock_backward_is_exact() ? &stock_backward_rule() : find_rule(node.name());
       if (!entry) {
         TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_semiring: no semiring rule for autograd node '", node.name(),
                                     "' (forward op '", node.forward_op_name(), "'). Register one with "

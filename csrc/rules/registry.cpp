@@ -36,6 +36,20 @@ std::vector<std::pair<std::string, std::string>> registered_rules() {
   return out;
 }
 
+const RuleEntry& stock_backward_rule() {
+  static const RuleEntry entry{
+      [](const RuleContext& ctx, const std::vector<at::Tensor>& grads) {
+        std::vector<at::Tensor> plain;
+        for (const auto& g : grads) plain.push_back(g.defined() ? g.select(0, 0) : g);
+        auto out = ctx.call_backward(std::move(plain));
+        for (auto& t : out)
+          if (t.defined()) t = t.unsqueeze(0);
+        return out;
+      },
+      "stock backward"};
+  return entry;
+}
+
 bool RuleContext::needs_any() const { return std::any_of(needed.begin(), needed.end(), [](bool b) { return b; }); }
 
 std::vector<int64_t> RuleContext::input_shape(size_t i) const {

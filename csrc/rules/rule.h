@@ -57,6 +57,9 @@ void unregister_rule(const std::string& node_name);
 const RuleEntry* find_rule(const std::string& node_name);
 std::vector<std::pair<std::string, std::string>> registered_rules();  // (node name, family)
 
+// The node's own backward, for semirings whose values are plain gradients.
+const RuleEntry& stock_backward_rule();
+
 // Registers the built-in rule families (called once at import).
 void register_builtin_rules();
 

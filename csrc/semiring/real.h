@@ -7,6 +7,7 @@ namespace torch_semiring {
 class RealSemiring final : public SumProductSemiring {
  public:
   std::string name() const override { return "real"; }
+  bool stock_backward_is_exact() const override { return true; }
 
  protected:
   Tensor do_lift(const Tensor& w) const override { return w.unsqueeze(0); }

@@ -32,6 +32,9 @@ class Semiring {
   // True when the zero is 0 in every component, so "fill with zeros" (what a
   // stock backward does for unreached positions) is already the semiring zero.
   virtual bool zero_is_numeric_zero() const { return false; }
+  // True when values are exactly ordinary gradients (the real semiring): the
+  // engine then runs every node's own stock backward instead of its rule.
+  virtual bool stock_backward_is_exact() const { return false; }
 
   // ---- element-wise primitives; all shapes broadcast over element dims -----
   Tensor zero(at::IntArrayRef shape, const at::TensorOptions& opts) const;
