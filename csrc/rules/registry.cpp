@@ -72,7 +72,24 @@ at::Tensor RuleContext::unpack(const torch::autograd::SavedVariable& saved) cons
   return saved.unpack(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&node));
 }
 
+// Inputs nobody asked for are hidden from the node while it runs (their edges
+// swapped out), so its backward skips them as it does under the stock engine's
+// pruning (task_should_compute_output) — e.g. no weight gradients when only
+// the input embeddings are wanted. The edges are put back, also on error.
 std::vector<at::Tensor> RuleContext::call_backward(std::vector<at::Tensor> grads) const {
+  struct HiddenEdges {
+    Node& node;
+    std::vector<std::pair<size_t, torch::autograd::Edge>> hidden;
+    ~HiddenEdges() {
+      for (auto& [i, edge] : hidden) node.next_edges()[i] = std::move(edge);
+    }
+  } guard{node, {}};
+  auto& edges = node.next_edges();
+  for (size_t i = 0; i < edges.size(); ++i)
+    if (edges[i].is_valid() && i < needed.size() && !needed[i]) {
+      guard.hidden.emplace_back(i, std::move(edges[i]));
+      edges[i] = torch::autograd::Edge();
+    }
   return node(std::move(grads));
 }
 
