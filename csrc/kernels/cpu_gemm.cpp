@@ -21,6 +21,10 @@
 // is made at run time with __builtin_cpu_supports.
 #include "kernels/cpu_gemm.h"
 
+// Vector types in template arguments trigger GCC's "ABI changed" notes; these
+// functions are all internal, so the ABI of vector arguments never matters.
+// (Before tile_arithmetic.h: its templates are instantiated with vectors.)
+#pragma GCC diagnostic ignored "-Wpsabi"
 #include "kernels/tile_arithmetic.h"
 
 #include <algorithm>
@@ -29,10 +33,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-
-// Vector types in template arguments trigger GCC's "ABI changed" notes; these
-// functions are all internal, so the ABI of vector arguments never matters.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace torch_semiring {
 namespace kernels {
