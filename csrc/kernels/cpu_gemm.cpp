@@ -21,6 +21,10 @@
 // is made at run time with __builtin_cpu_supports.
 #include "kernels/cpu_gemm.h"
 
+// Vector types in template arguments trigger GCC's "ABI changed" notes; these
+// functions are all internal, so the ABI of vector arguments never matters.
+// (Before tile_arithmetic.h: its templates are instantiated with vectors.)
+#pragma GCC diagnostic ignored "-Wpsabi"
 #include "kernels/tile_arithmetic.h"
 
 #include <algorithm>
@@ -29,10 +33,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
-
-// Vector types in template arguments trigger GCC's "ABI changed" notes; these
-// functions are all internal, so the ABI of vector arguments never matters.
-#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace torch_semiring {
 namespace kernels {
@@ -135,11 +135,8 @@ TS_TILE_FN void micro_kernel(int64_t kc, int64_t k0, const T* ap, const T* bp, T
       const IV kv = IV{} + I(k0 + k);
       _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
-          // strict >: a later k never replaces an equal earlier one (ties → smallest k)
-          V t = Op::term(a[i], b[j]);
-          auto win = t > acc[i][j][0];
-          acc[i][j][0] = win ? t : acc[i][j][0];
-          arg[i][j] = win ? kv : arg[i][j];
+          // strict >: ties → smallest k (the same function as the CUDA kernel's)
+          argmax_update<Op>(acc[i][j][0], arg[i][j], a[i], b[j], kv);
         }
       }
     } else {

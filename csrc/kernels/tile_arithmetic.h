@@ -1,6 +1,11 @@
 // Per-term ⊕/⊗ arithmetic of the semiring GEMM micro-kernels, kept apart from
 // the blocking and packing so that a CUDA port can include it unchanged.
 //
+// The CUDA kernels (csrc/kernels/cuda/) include it too: under nvcc every
+// function here is __host__ __device__, V and T are then plain float, and the
+// same ⊕/⊗/argmax bookkeeping runs per thread on the GPU (and in the host
+// emulation of those kernels, tests/test_cuda_emulation.py).
+//
 // Every function is written once for "V": a scalar (float/double) or a GCC
 // vector-extension type (e.g. 16 floats). The operators used (+, *, <, >, ?:)
 // mean the same for both, and the compiler picks SSE/AVX2/AVX-512
@@ -16,10 +21,21 @@
 #include <cstdint>
 #include <limits>
 
+#define TS_PRAGMA(x) _Pragma(#x)
 #if defined(__CUDACC__)
 #define TS_TILE_FN __host__ __device__ __forceinline__
 #else
 #define TS_TILE_FN inline __attribute__((always_inline))
+#endif
+// Unrolling hint: nvcc's in the device pass, none in nvcc's host pass (its
+// front end rejects GCC's pragma; host code that matters is built by g++),
+// GCC's otherwise.
+#if defined(__CUDA_ARCH__)
+#define TS_UNROLL(n) TS_PRAGMA(unroll n)
+#elif defined(__CUDACC__)
+#define TS_UNROLL(n)
+#else
+#define TS_UNROLL(n) TS_PRAGMA(GCC unroll n)
 #endif
 
 namespace torch_semiring {
@@ -30,11 +46,36 @@ TS_TILE_FN V max_keep(V acc, V t) { return t > acc ? t : acc; }
 template <class V>
 TS_TILE_FN V min_keep(V acc, V t) { return t < acc ? t : acc; }
 
+// One term of a max product with argmax bookkeeping: the term wins only if it
+// is strictly greater, so a later k never replaces an equal earlier one
+// (ties → smallest k, as long as k is visited in increasing order); the index
+// stays −1 while nothing beats the semiring zero. For vectors, `I` is the
+// matching integer-lane vector and the comparison a lane mask.
+template <class Op, class V, class T, class I>
+TS_TILE_FN void argmax_update(V& acc, I& arg, const T& a, V b, I k) {
+  V t = Op::term(a, b);
+  auto win = t > acc;
+  acc = win ? t : acc;
+  arg = win ? k : arg;
+}
+
+// ⊕ of two (value, index) candidates of an argmax reduction: is (v1, i1)
+// better than (v0, i0)? NaN beats every number (as torch.amax propagates it),
+// equal values go to the smaller index, and index −1 marks "nothing yet" (the
+// value is then the zero −∞, which an element only replaces by being > −∞).
+template <class T>
+TS_TILE_FN bool argmax_better(T v1, int64_t i1, T v0, int64_t i0) {
+  const bool n1 = v1 != v1, n0 = v0 != v0;
+  if (n1 || n0) return n1 && (!n0 || i1 < i0);
+  if (i1 < 0) return false;
+  return v1 > v0 || (v1 == v0 && i0 >= 0 && i1 < i0);
+}
+
 // viterbi: out = max_k a + b, b = log|w| (lifted once while packing).
 struct MaxPlus {
   static constexpr int kComponents = 1;
   template <class T>
-  static constexpr T zero(int) { return -std::numeric_limits<T>::infinity(); }
+  TS_TILE_FN static constexpr T zero(int) { return -std::numeric_limits<T>::infinity(); }
   template <class V, class T>
   TS_TILE_FN static V term(T a, V b) { return a + b; }
   template <class V, class T>
@@ -45,7 +86,7 @@ struct MaxPlus {
 struct MaxTimes {
   static constexpr int kComponents = 1;
   template <class T>
-  static constexpr T zero(int) { return T(0); }
+  TS_TILE_FN static constexpr T zero(int) { return T(0); }
   template <class V, class T>
   TS_TILE_FN static V term(T a, V b) { return a * b; }
   template <class V, class T>
@@ -61,7 +102,7 @@ struct MaxProdPair {
   static constexpr int kComponents = 2;
   // component 0 (M) starts at −∞, component 1 (m) at +∞: the empty set.
   template <class T>
-  static constexpr T zero(int c) {
+  TS_TILE_FN static constexpr T zero(int c) {
     return c == 0 ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
   }
   template <class V, class T>
@@ -70,6 +111,27 @@ struct MaxProdPair {
     acc[0] = max_keep(max_keep(acc[0], p), q);
     acc[1] = min_keep(min_keep(acc[1], p), q);
   }
+};
+
+// The NaN marking of MaxProdPair's inputs, per element: an empty value
+// (M = −∞) becomes (NaN, NaN), a zero edge NaN. The CPU path applies it to the
+// whole tensors (at::where in cpu_gemm.cpp); the CUDA kernel while loading a
+// tile into shared memory (pack_a) and lifting the weights (pack_b).
+template <class Op>
+struct PackMark {
+  template <class T>
+  TS_TILE_FN static void pack_a(T*) {}
+  template <class T>
+  TS_TILE_FN static T pack_b(T w) { return w; }
+};
+template <>
+struct PackMark<MaxProdPair> {
+  template <class T>
+  TS_TILE_FN static void pack_a(T* v) {
+    if (v[0] == -std::numeric_limits<T>::infinity()) v[0] = v[1] = std::numeric_limits<T>::quiet_NaN();
+  }
+  template <class T>
+  TS_TILE_FN static T pack_b(T w) { return w == T(0) ? std::numeric_limits<T>::quiet_NaN() : w; }
 };
 
 // kmax: a value is the KP best scores of an element, descending (a kmax(k)
@@ -85,15 +147,15 @@ struct TopKMerge {
   static_assert(KP >= 2 && (KP & (KP - 1)) == 0, "TopKMerge: KP must be a power of two >= 2");
   static constexpr int kComponents = KP;
   template <class T>
-  static constexpr T zero(int) { return -std::numeric_limits<T>::infinity(); }
+  TS_TILE_FN static constexpr T zero(int) { return -std::numeric_limits<T>::infinity(); }
   template <class V, class T>
   TS_TILE_FN static void update(V* acc, const T* a, V b) {
     V c[KP];
-#pragma GCC unroll 8
+TS_UNROLL(8)
     for (int q = 0; q < KP; ++q) c[q] = max_keep(acc[q], Term::term(a[KP - 1 - q], b));
-#pragma GCC unroll 4
+TS_UNROLL(4)
     for (int d = KP / 2; d >= 1; d /= 2) {
-#pragma GCC unroll 8
+TS_UNROLL(8)
       for (int i = 0; i < KP; ++i) {
         if (i & d) continue;
         V hi = max_keep(c[i + d], c[i]), lo = min_keep(c[i + d], c[i]);
@@ -101,7 +163,7 @@ struct TopKMerge {
         c[i + d] = lo;
       }
     }
-#pragma GCC unroll 8
+TS_UNROLL(8)
     for (int q = 0; q < KP; ++q) acc[q] = c[q];
   }
 };
