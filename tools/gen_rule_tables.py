@@ -17,7 +17,8 @@ import sys
 EXTRA_POINTWISE = ["RsubBackward0", "NativeDropoutBackward0"]
 
 
-def autograd_infos():
+def keyed_autograd_infos():
+    """(dispatch key, DifferentiabilityInfo) for every derivatives.yaml entry of the installed torch."""
     import torchgen
     from torchgen.packaged.autograd.load_derivatives import load_derivatives
 
@@ -28,7 +29,12 @@ def autograd_infos():
         os.path.join(base, "ATen", "native", "tags.yaml"),
     )
     for per_key in infos.values():
-        yield from per_key.values()
+        yield from per_key.items()
+
+
+def autograd_infos():
+    for _, info in keyed_autograd_infos():
+        yield info
 
 
 def pointwise_nodes() -> list[str]:

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import semiring_formulas as sf  # noqa: E402
-from gen_rule_tables import EXTRA_POINTWISE  # noqa: E402
+from gen_rule_tables import EXTRA_POINTWISE, keyed_autograd_infos  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GENERIC_FAMILIES = {"pointwise", "placement", "broadcast", "reduction", "selection", "scan"}
@@ -40,19 +40,9 @@ GENERIC_FAMILIES = {"pointwise", "placement", "broadcast", "reduction", "selecti
 
 def load_infos():
     """(dispatch key, DifferentiabilityInfo) for every info that makes a node."""
-    import torchgen
-    from torchgen.packaged.autograd.load_derivatives import load_derivatives
-
-    base = os.path.join(os.path.dirname(torchgen.__file__), "packaged")
-    infos, _ = load_derivatives(
-        os.path.join(base, "autograd", "derivatives.yaml"),
-        os.path.join(base, "ATen", "native", "native_functions.yaml"),
-        os.path.join(base, "ATen", "native", "tags.yaml"),
-    )
-    for per_key in infos.values():
-        for key, info in per_key.items():
-            if info.op:
-                yield key, info
+    for key, info in keyed_autograd_infos():
+        if info.op:
+            yield key, info
 
 
 def handwritten_names() -> set:
