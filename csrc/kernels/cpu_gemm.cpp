@@ -37,6 +37,22 @@
 namespace torch_semiring {
 namespace kernels {
 
+bool kernel_dtype(const Tensor& g, const Tensor& w) {
+  auto t = g.scalar_type();
+  return g.device().is_cpu() && w.device().is_cpu() && (t == at::kFloat || t == at::kDouble) &&
+         w.scalar_type() == t &&
+         // The kernels are not differentiable: leave a graph-building call
+         // (create_graph) to the generic ATen path. The engine otherwise runs
+         // with grad mode off, where saved weights that require grad are fine.
+         !(at::GradMode::is_enabled() && (g.requires_grad() || w.requires_grad()));
+}
+
+// min/max of a tensor in one pass; NaN anywhere makes both NaN.
+std::pair<double, double> range_of(const Tensor& t) {
+  auto mm = at::aminmax(t);
+  return {std::get<0>(mm).item<double>(), std::get<1>(mm).item<double>()};
+}
+
 namespace {
 
 template <class T, int Bytes>
@@ -398,21 +414,6 @@ void launch_typed(const Tensor& a, const Tensor& b, Tensor& out, Tensor* idx) {
   }
 }
 
-bool kernel_dtype(const Tensor& g, const Tensor& w) {
-  auto t = g.scalar_type();
-  return g.device().is_cpu() && w.device().is_cpu() && (t == at::kFloat || t == at::kDouble) &&
-         w.scalar_type() == t &&
-         // The kernels are not differentiable: leave a graph-building call
-         // (create_graph) to the generic ATen path. The engine otherwise runs
-         // with grad mode off, where saved weights that require grad are fine.
-         !(at::GradMode::is_enabled() && (g.requires_grad() || w.requires_grad()));
-}
-
-// min/max of a tensor in one pass; NaN anywhere makes both NaN.
-std::pair<double, double> range_of(const Tensor& t) {
-  auto mm = at::aminmax(t);
-  return {std::get<0>(mm).item<double>(), std::get<1>(mm).item<double>()};
-}
 bool all_finite(const Tensor& t) {
   auto r = range_of(t);
   return std::isfinite(r.first) && std::isfinite(r.second);

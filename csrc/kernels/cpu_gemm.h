@@ -69,6 +69,11 @@ struct BatchedOperands {
   std::vector<int64_t> out_shape;  // (C, *batch, M, N)
 };
 bool broadcast_operands(const Tensor& g, const Tensor& w, BatchedOperands& out);
+// CPU float32/float64 operands of one dtype, and not a graph-building call
+// (the kernels are not differentiable: create_graph takes the ATen path).
+bool kernel_dtype(const Tensor& g, const Tensor& w);
+// min and max of a tensor in one pass; NaN anywhere makes both NaN.
+std::pair<double, double> range_of(const Tensor& t);
 
 }  // namespace kernels
 }  // namespace torch_semiring

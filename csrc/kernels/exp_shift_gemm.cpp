@@ -42,20 +42,6 @@ constexpr int64_t kSmallBlock = 64;
 // What the stages did, for tests and benchmarks (see exp_shift_stats).
 std::atomic<int64_t> small_block_runs{0}, exact_entries{0};
 
-bool gemm_dtype(const Tensor& g, const Tensor& w) {
-  auto t = g.scalar_type();
-  return g.device().is_cpu() && w.device().is_cpu() && (t == at::kFloat || t == at::kDouble) &&
-         w.scalar_type() == t &&
-         // The kernels are not differentiable: leave a graph-building call
-         // (create_graph) to the generic ATen path. The engine otherwise runs
-         // with grad mode off, where saved weights that require grad are fine.
-         !(at::GradMode::is_enabled() && (g.requires_grad() || w.requires_grad()));
-}
-
-std::pair<double, double> range_of(const Tensor& t) {
-  auto mm = at::aminmax(t);
-  return {std::get<0>(mm).item<double>(), std::get<1>(mm).item<double>()};
-}
 bool finite(std::pair<double, double> r) { return std::isfinite(r.first) && std::isfinite(r.second); }
 
 // log(e^x + e^y) where either may be −∞ (at::logaddexp gives NaN for −∞, −∞).
@@ -171,7 +157,7 @@ std::pair<Tensor, Tensor> exp_shift_product(const Tensor& a, const Tensor& h, co
 // generic path. Infinite w, NaN anywhere or +∞ in ℓ would make the generic
 // arithmetic itself produce NaN/∞, which the shifted form would not reproduce.
 bool prepare(const Tensor& g, const Tensor& w, int64_t components, BatchedOperands& ops) {
-  if (!gemm_dtype(g, w) || g.size(0) != components || !broadcast_operands(g, w, ops)) return false;
+  if (!kernel_dtype(g, w) || g.size(0) != components || !broadcast_operands(g, w, ops)) return false;
   for (auto s : ops.out_shape) if (s == 0) return false;
   if (ops.g.size(-1) == 0 || !finite(range_of(ops.w))) return false;
   if (!(range_of(ops.g.select(0, 0)).second < kInf)) return false;  // false for NaN too
