@@ -28,6 +28,35 @@ struct NoState {
   int unused;
 };
 
+// The block plumbing every element-wise kernel here shares: one thread per
+// element of a (batch, rows, cols) index space, elements numbered row-major.
+// Derived supplies extent(p) and element(p, e, z, r, c).
+struct Extent {
+  int64_t batch, rows, cols;
+};
+
+template <class Derived, class P>
+struct ElementwiseBlock {
+  static constexpr int kThreads = kElementwiseThreads;
+  using Params = P;
+  using Smem = NoState;
+  using Regs = NoState;
+  TS_TILE_FN static Dim3 grid(const Params& p) {
+    const Extent x = Derived::extent(p);
+    return {ceil_div(x.batch * x.rows * x.cols, kThreads), 1, 1};
+  }
+  template <class Exec>
+  TS_TILE_FN static void run(const Params& p, Smem&, Exec& ex) {
+    const Extent x = Derived::extent(p);
+    const int64_t base = ex.block().x * kThreads;
+    ex.each([&](int tid, Regs&) {
+      const int64_t e = base + tid;
+      if (e >= x.batch * x.rows * x.cols) return;
+      Derived::element(p, e, e / (x.cols * x.rows), (e / x.cols) % x.rows, e % x.cols);
+    });
+  }
+};
+
 // Lifting w (batch, K, N; any strides; fp32 or bf16) into a contiguous fp32
 // (batch, K, N): log|w| (viterbi, log, entropy), |w| (max_abs), or w with zero
 // edges marked NaN (max_prod, PackMark).
@@ -43,24 +72,14 @@ struct LiftParams {
 };
 
 template <class TW>
-struct LiftBlock {
-  static constexpr int kThreads = kElementwiseThreads;
+struct LiftBlock : ElementwiseBlock<LiftBlock<TW>, LiftParams<TW>> {
   using Params = LiftParams<TW>;
-  using Smem = NoState;
-  using Regs = NoState;
-  TS_TILE_FN static Dim3 grid(const Params& p) { return {ceil_div(p.batch * p.K * p.N, kThreads), 1, 1}; }
-  template <class Exec>
-  TS_TILE_FN static void run(const Params& p, Smem&, Exec& ex) {
-    const int64_t base = ex.block().x * kThreads;
-    ex.each([&](int tid, Regs&) {
-      const int64_t e = base + tid;
-      if (e >= p.batch * p.K * p.N) return;
-      const int64_t n = e % p.N, k = (e / p.N) % p.K, z = e / (p.N * p.K);
-      const float w = to_float(p.w[z * p.w_b + k * p.w_k + n * p.w_n]);
-      p.out[e] = p.mode == kLiftLogAbs ? log_f(fabsf(w))
-                 : p.mode == kLiftAbs  ? fabsf(w)
-                                       : kernels::PackMark<kernels::MaxProdPair>::pack_b(w);
-    });
+  TS_TILE_FN static Extent extent(const Params& p) { return {p.batch, p.K, p.N}; }
+  TS_TILE_FN static void element(const Params& p, int64_t e, int64_t z, int64_t k, int64_t n) {
+    const float w = to_float(p.w[z * p.w_b + k * p.w_k + n * p.w_n]);
+    p.out[e] = p.mode == kLiftLogAbs ? log_f(fabsf(w))
+               : p.mode == kLiftAbs  ? fabsf(w)
+                                     : kernels::PackMark<kernels::MaxProdPair>::pack_b(w);
   }
 };
 
@@ -80,27 +99,16 @@ struct ShiftExpParams {
   float* out2;
 };
 
-struct ShiftExpBlock {
-  static constexpr int kThreads = kElementwiseThreads;
-  using Params = ShiftExpParams;
-  using Smem = NoState;
-  using Regs = NoState;
-  TS_TILE_FN static Dim3 grid(const Params& p) { return {ceil_div(p.batch * p.rows * p.cols, kThreads), 1, 1}; }
-  template <class Exec>
-  TS_TILE_FN static void run(const Params& p, Smem&, Exec& ex) {
-    const int64_t base = ex.block().x * kThreads;
-    ex.each([&](int tid, Regs&) {
-      const int64_t e = base + tid;
-      if (e >= p.batch * p.rows * p.cols) return;
-      const int64_t c = e % p.cols, r = (e / p.cols) % p.rows, z = e / (p.cols * p.rows);
-      const float x = p.x[z * p.x_b + r * p.x_r + c * p.x_c];
-      float s = p.shift[z * p.sh_b + r * p.sh_r + c * p.sh_c];
-      if (s == -inf_f()) s = 0.f;
-      const float v = exp_f(x - s);
-      p.out[e] = v;
-      if (p.h_mode == 1) p.out2[e] = v * p.h[z * p.h_b + r * p.h_r + c * p.h_c];
-      if (p.h_mode == 2) p.out2[e] = v == 0.f ? 0.f : v * x;
-    });
+struct ShiftExpBlock : ElementwiseBlock<ShiftExpBlock, ShiftExpParams> {
+  TS_TILE_FN static Extent extent(const Params& p) { return {p.batch, p.rows, p.cols}; }
+  TS_TILE_FN static void element(const Params& p, int64_t e, int64_t z, int64_t r, int64_t c) {
+    const float x = p.x[z * p.x_b + r * p.x_r + c * p.x_c];
+    float s = p.shift[z * p.sh_b + r * p.sh_r + c * p.sh_c];
+    if (s == -inf_f()) s = 0.f;
+    const float v = exp_f(x - s);
+    p.out[e] = v;
+    if (p.h_mode == 1) p.out2[e] = v * p.h[z * p.h_b + r * p.h_r + c * p.h_c];
+    if (p.h_mode == 2) p.out2[e] = v == 0.f ? 0.f : v * x;
   }
 };
 
@@ -119,31 +127,20 @@ struct FinishParams {
   int64_t* n_suspect;
 };
 
-struct FinishBlock {
-  static constexpr int kThreads = kElementwiseThreads;
-  using Params = FinishParams;
-  using Smem = NoState;
-  using Regs = NoState;
-  TS_TILE_FN static Dim3 grid(const Params& p) { return {ceil_div(p.batch * p.M * p.N, kThreads), 1, 1}; }
-  template <class Exec>
-  TS_TILE_FN static void run(const Params& p, Smem&, Exec& ex) {
-    const int64_t base = ex.block().x * kThreads;
-    ex.each([&](int tid, Regs&) {
-      const int64_t e = base + tid;
-      if (e >= p.batch * p.M * p.N) return;
-      const int64_t n = e % p.N, m = (e / p.N) % p.M, z = e / (p.N * p.M);
-      const float s = p.s[z * p.M + m], t = p.t[z * p.N + n];
-      const bool live = s > -inf_f() && t > -inf_f();
-      const float o = (s == -inf_f() ? 0.f : s) + (t == -inf_f() ? 0.f : t);
-      const float Z = p.Z[e];
-      const float l = o + log_f(Z);  // −∞ where no term survived
-      p.l[e] = l;
-      if (p.A) p.h[e] = Z == 0.f ? 0.f : (p.A[e] - p.B[e]) / Z;
-      const float bound = live ? o + log_f(float(p.K) * FLT_MIN) : -inf_f();
-      const bool bad = bound > l + log_f(FLT_EPSILON / 4);
-      p.suspect[e] = bad;
-      if (bad) atomic_add_i64(p.n_suspect, 1);
-    });
+struct FinishBlock : ElementwiseBlock<FinishBlock, FinishParams> {
+  TS_TILE_FN static Extent extent(const Params& p) { return {p.batch, p.M, p.N}; }
+  TS_TILE_FN static void element(const Params& p, int64_t e, int64_t z, int64_t m, int64_t n) {
+    const float s = p.s[z * p.M + m], t = p.t[z * p.N + n];
+    const bool live = s > -inf_f() && t > -inf_f();
+    const float o = (s == -inf_f() ? 0.f : s) + (t == -inf_f() ? 0.f : t);
+    const float Z = p.Z[e];
+    const float l = o + log_f(Z);  // −∞ where no term survived
+    p.l[e] = l;
+    if (p.A) p.h[e] = Z == 0.f ? 0.f : (p.A[e] - p.B[e]) / Z;
+    const float bound = live ? o + log_f(float(p.K) * FLT_MIN) : -inf_f();
+    const bool bad = bound > l + log_f(FLT_EPSILON / 4);
+    p.suspect[e] = bad;
+    if (bad) atomic_add_i64(p.n_suspect, 1);
   }
 };
 
@@ -162,39 +159,29 @@ struct ExactParams {
   float* h;
 };
 
-struct ExactBlock {
-  static constexpr int kThreads = kElementwiseThreads;
-  using Params = ExactParams;
-  using Smem = NoState;
-  using Regs = NoState;
-  TS_TILE_FN static Dim3 grid(const Params& p) { return {ceil_div(p.batch * p.M * p.N, kThreads), 1, 1}; }
-  template <class Exec>
-  TS_TILE_FN static void run(const Params& p, Smem&, Exec& ex) {
-    const int64_t base = ex.block().x * kThreads;
-    ex.each([&](int tid, Regs&) {
-      const int64_t e = base + tid;
-      if (e >= p.batch * p.M * p.N || !p.suspect[e]) return;
-      const int64_t n = e % p.N, m = (e / p.N) % p.M, z = e / (p.N * p.M);
-      float mx = -inf_f(), sum = 0.f, hsum = 0.f;
-      for (int64_t k = 0; k < p.K; ++k) {
-        const float lw = p.lw[(z * p.K + k) * p.N + n];
-        const float x = p.a[z * p.a_b + m * p.a_m + k * p.a_k] + lw;
-        if (!(x > -inf_f())) continue;
-        const float hv = p.ha ? p.ha[z * p.h_b + m * p.h_m + k * p.h_k] - lw : 0.f;
-        if (x > mx) {
-          const float scale = exp_f(mx - x);  // 0 for the first term
-          sum = sum * scale + 1.f;
-          hsum = hsum * scale + hv;
-          mx = x;
-        } else {
-          const float w = exp_f(x - mx);
-          sum += w;
-          hsum += w * hv;
-        }
+struct ExactBlock : ElementwiseBlock<ExactBlock, ExactParams> {
+  TS_TILE_FN static Extent extent(const Params& p) { return {p.batch, p.M, p.N}; }
+  TS_TILE_FN static void element(const Params& p, int64_t e, int64_t z, int64_t m, int64_t n) {
+    if (!p.suspect[e]) return;
+    float mx = -inf_f(), sum = 0.f, hsum = 0.f;
+    for (int64_t k = 0; k < p.K; ++k) {
+      const float lw = p.lw[(z * p.K + k) * p.N + n];
+      const float x = p.a[z * p.a_b + m * p.a_m + k * p.a_k] + lw;
+      if (!(x > -inf_f())) continue;
+      const float hv = p.ha ? p.ha[z * p.h_b + m * p.h_m + k * p.h_k] - lw : 0.f;
+      if (x > mx) {
+        const float scale = exp_f(mx - x);  // 0 for the first term
+        sum = sum * scale + 1.f;
+        hsum = hsum * scale + hv;
+        mx = x;
+      } else {
+        const float w = exp_f(x - mx);
+        sum += w;
+        hsum += w * hv;
       }
-      p.l[e] = mx == -inf_f() ? -inf_f() : mx + log_f(sum);
-      if (p.ha) p.h[e] = sum == 0.f ? 0.f : hsum / sum;
-    });
+    }
+    p.l[e] = mx == -inf_f() ? -inf_f() : mx + log_f(sum);
+    if (p.ha) p.h[e] = sum == 0.f ? 0.f : hsum / sum;
   }
 };
 
