@@ -20,12 +20,16 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 
 import torch
 import torch.nn.functional as F
 
 import torch_semiring as ts
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _runtime import single_threaded  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HIDDEN = (4, 8, 16, 32, 64, 128)
@@ -113,12 +117,7 @@ def plot(result, path):
 
 
 def main(argv=None):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # reproducible and kind to a shared machine; restored for in-process callers
-    try:
-        return _main(argv)
-    finally:
-        torch.set_num_threads(threads)
+    return single_threaded(_main, argv)
 
 
 def _main(argv=None):

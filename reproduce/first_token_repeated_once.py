@@ -27,12 +27,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 
 import numpy as np
 import torch
 
 import torch_semiring as ts
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _runtime import single_threaded  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BRANCHES = ("query", "key", "value", "skip")
@@ -235,12 +239,7 @@ def plot(result, path):
 
 
 def main(argv=None):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # reproducible and kind to a shared machine; restored for in-process callers
-    try:
-        return _main(argv)
-    finally:
-        torch.set_num_threads(threads)
+    return single_threaded(_main, argv)
 
 
 def _main(argv=None):
