@@ -826,3 +826,17 @@ def autograd_values(
         torch.zeros(s, dtype=torch.float64) if g is None else g.detach().to(torch.float64)
         for g, s in zip(grads, shapes)
     ]
+
+
+def autograd_node_names(outputs) -> set:
+    """Names of every autograd node reachable from ``outputs`` (AccumulateGrad included)."""
+    seen, names = set(), set()
+    stack = [o.grad_fn for o in _as_list(outputs) if o.grad_fn is not None]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        names.add(fn.name())
+        stack.extend(f for f, _ in fn.next_functions)
+    return names

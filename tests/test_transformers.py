@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torch_semiring as ts
-from reference import SEMIRING_NAMES, reference_values
+from reference import SEMIRING_NAMES, autograd_node_names, reference_values
 from test_reference import assert_values_equal
 
 transformers = pytest.importorskip("transformers")
@@ -53,15 +53,7 @@ def loss_of(model, family: str, ids: torch.Tensor) -> torch.Tensor:
 
 
 def node_types(root) -> set[str]:
-    seen, stack, names = set(), [root.grad_fn], set()
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        names.add(node.name())
-        stack.extend(n for n, _ in node.next_functions)
-    return names - {"torch::autograd::AccumulateGrad"}
+    return autograd_node_names(root) - {"torch::autograd::AccumulateGrad"}
 
 
 MATRIX = list(itertools.product(["bert", "gpt2", "llama"], ["eager", "sdpa"], [True, False], [False, True]))
