@@ -16,7 +16,6 @@ Writes reproduce/results/ffoom_entropy.json and ffoom_entropy.png.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 import torch_semiring as ts
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _runtime import single_threaded  # noqa: E402
+from _runtime import save_figure, script_parser, single_threaded  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 HIDDEN = (4, 8, 16, 32, 64, 128)
@@ -111,9 +110,7 @@ def plot(result, path):
     ax.set_ylabel("path entropy (nats), mean over last batch")
     ax.set_title("FFOOM: entropy of the gradient-path distribution per input feature", fontsize=10)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None):
@@ -121,10 +118,8 @@ def main(argv=None):
 
 
 def _main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds); results go to --out")
+    parser = script_parser(__doc__, HERE)
     parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     from tqdm import tqdm

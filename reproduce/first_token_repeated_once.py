@@ -24,7 +24,6 @@ Writes reproduce/results/first_token_repeated_once.json and first_token_repeated
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -36,7 +35,7 @@ import torch
 import torch_semiring as ts
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _runtime import single_threaded  # noqa: E402
+from _runtime import save_figure, script_parser, single_threaded  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 BRANCHES = ("query", "key", "value", "skip")
@@ -233,9 +232,7 @@ def plot(result, path):
     axes[0].legend(fontsize=8)
     fig.suptitle("FirstTokenRepeatedOnce: branch of the max_abs top path out of the attention input "
                  "(gold-class logit)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv=None):
@@ -243,10 +240,8 @@ def main(argv=None):
 
 
 def _main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--smoke", action="store_true", help="tiny sizes (seconds); results go to --out")
+    parser = script_parser(__doc__, HERE)
     parser.add_argument("--epochs", type=int, default=60, help="at most this many epochs (stops at 100 %% val)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
     parser.add_argument("--seed", type=int, default=0,
                         help="model initialisation / training seed (the data set always uses seed 0); a seed "
                              "other than 0 writes first_token_repeated_once_seed<N>.json/.png")
