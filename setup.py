@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from setuptools import setup
+from setuptools import Extension, setup
 import torch
 from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, CUDAExtension
 
@@ -18,6 +18,10 @@ GENERATED = os.path.join(ROOT, "build", "generated")
 subprocess.check_call([sys.executable, os.path.join(ROOT, "tools", "gen_rule_tables.py"), GENERATED])
 # Semiring rules rewritten from derivatives.yaml formulas: one generated translation unit.
 subprocess.check_call([sys.executable, os.path.join(ROOT, "tools", "gen_semiring_rules.py"), GENERATED])
+# The LD_PRELOAD interposer (Linux): its symbol list comes from the installed libtorch_cpu.so.
+WITH_PRELOAD = sys.platform.startswith("linux")
+if WITH_PRELOAD:
+    subprocess.check_call([sys.executable, os.path.join(ROOT, "tools", "gen_preload_symbols.py"), GENERATED])
 
 with open(os.path.join(ROOT, "csrc", "sources.txt")) as f:
     sources = [line.strip() for line in f if line.strip() and not line.startswith("#")]
@@ -51,9 +55,23 @@ if WITH_CUDA:
 else:
     extension = CppExtension("torch_semiring._C", sources, include_dirs=include_dirs, extra_compile_args=cxx_flags)
 
+# csrc/preload/interpose.cpp → torch_semiring/_preload*.so, the library to
+# LD_PRELOAD (torch_semiring.preload.library_path()). Deliberately not a torch
+# extension: it includes no torch header and links only libc/libdl, so
+# preloading it into a process costs nothing until torch is imported.
+extensions = [extension]
+if WITH_PRELOAD:
+    extensions.append(Extension(
+        "torch_semiring._preload",
+        ["csrc/preload/interpose.cpp"],
+        include_dirs=[GENERATED],
+        extra_compile_args=["-O2", "-std=c++17"],
+        libraries=["dl"],
+    ))
+
 setup(
     package_dir={"": "python"},
     packages=["torch_semiring"],
-    ext_modules=[extension],
+    ext_modules=extensions,
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
 )

@@ -45,21 +45,8 @@ std::vector<int64_t> shape_of(const InputMetadata& meta) {
 // the shape of the tensor the edge points at, and match its dtype.
 at::Tensor conform(const Semiring& sr, at::Tensor value, const InputMetadata& meta,
                    const Node& producer, size_t edge) {
-  const auto target = shape_of(meta);
-  auto element = value.sizes().slice(1).vec();
-  if (element != target) {
-    TORCH_CHECK(at::is_expandable_to(target, element), "torch_semiring: the rule of ", producer.name(),
-                " returned a value of element shape ", at::IntArrayRef(element), " for input ", edge,
-                ", which cannot be reduced to the input's shape ", at::IntArrayRef(target));
-    const int64_t lead = (int64_t)element.size() - (int64_t)target.size();
-    std::vector<int64_t> dims;
-    for (int64_t d = 0; d < (int64_t)element.size(); ++d)
-      if (d < lead || (target[d - lead] == 1 && element[d] != 1)) dims.push_back(d);
-    value = sr.oplus_reduce(value, dims, /*keepdim=*/true);
-    std::vector<int64_t> shape{value.size(0)};
-    shape.insert(shape.end(), target.begin(), target.end());
-    value = value.reshape(shape);
-  }
+  value = oplus_sum_to(sr, value, shape_of(meta), "the rule of " + producer.name() + " (input " +
+                                                      std::to_string(edge) + ")");
   const auto dtype = c10::typeMetaToScalarType(meta.dtype());
   if (value.scalar_type() != dtype) value = value.to(dtype);
   return value;
@@ -320,13 +307,7 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
     const bool any_value = std::any_of(grads.begin(), grads.end(), [](const at::Tensor& t) { return t.defined(); });
     const RuleEntry* entry = nullptr;
     if (any_value) {
-      entry = sr.stock_backward_is_exact() ? &stock_backward_rule() : find_rule(node.name());
-      if (!entry) {
-        TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_semiring: no semiring rule for autograd node '", node.name(),
-                                    "' (forward op '", node.forward_op_name(), "'). Register one with "
-                                    "torch_semiring.register_rule('", node.name(), "', rule) — see the "
-                                    "README section 'Writing a rule'.");
-      }
+      entry = &rule_for(node, sr);
       if (log_sink()) log_sink()(describe(node, grads, entry));
       RuleContext ctx{node, sr, opt.create_graph, std::vector<bool>(edges.size(), false)};
       for (size_t j = 0; j < edges.size(); ++j)

@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include "../engine/engine.h"
+#include "../hooks/engine_hooks.h"
 #include "../kernels/cpu_gemm.h"
 #include "../rules/rule.h"
 #include "../semiring/semiring.h"
@@ -56,6 +57,7 @@ class PySemiring final : public Semiring {
  private:
   template <class... A>
   Tensor call(const char* method, A&&... args) const {
+    py::gil_scoped_acquire gil;  // the stock engine (preload route) runs without the GIL
     py::object r = obj_.attr(method)(std::forward<A>(args)...);
     TORCH_CHECK_TYPE(THPVariable_Check(r.ptr()), "torch_semiring: ", name_, ".", method,
                      " must return a Tensor, got ", std::string(py::str(py::type::of(r))));
@@ -165,6 +167,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           opt.keep_graph = keep_graph;
           opt.create_graph = create_graph;
           opt.collect_leaves = collect_leaves;
+          PreloadSuspended stock_engine_calls;  // this engine calls nodes itself
           auto r = run_backward(*sr, edges_from_py(roots), seeds, edges_from_py(targets), opt);
           py::list captured;
           for (auto& t : r.captured) captured.append(t.defined() ? py::cast(t) : py::none());
@@ -180,6 +183,25 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         },
         py::arg("semiring"), py::arg("roots"), py::arg("seeds"), py::arg("targets"), py::arg("keep_graph"),
         py::arg("create_graph"), py::arg("collect_leaves"), py::arg("record_provenance") = false);
+
+  // The LD_PRELOAD route (csrc/hooks, csrc/preload): the stock engine made
+  // semiring-aware by the interposer, when the process was started with it.
+  m.def("preload_install", &install_preload_hooks);
+  m.def("preload_set_semiring", [](std::shared_ptr<Semiring> sr) { set_preload_semiring(std::move(sr)); },
+        py::arg("semiring").none(true));
+  m.def("preload_set_accumulator", [](py::function fn) {
+    // Leaked on purpose: must not be destroyed after the interpreter (static).
+    auto* held = new py::function(std::move(fn));
+    set_preload_accumulator([held](const std::vector<at::Tensor>& leaves, const std::vector<at::Tensor>& values) {
+      py::gil_scoped_acquire gil;
+      try {
+        (*held)(leaves, values);
+      } catch (py::error_already_set& e) {
+        TORCH_CHECK(false, e.what());  // a Python error crossing the C++ engine: keep its message
+      }
+    });
+  });
+  m.def("preload_symbols", &preload_symbols);
 
   m.def("register_rule", [](const std::string& name, py::function fn, const std::string& family) {
     register_rule(name, python_rule(std::move(fn)), family);

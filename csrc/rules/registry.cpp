@@ -36,6 +36,16 @@ std::vector<std::pair<std::string, std::string>> registered_rules() {
   return out;
 }
 
+const RuleEntry& rule_for(const Node& node, const Semiring& sr) {
+  if (sr.stock_backward_is_exact()) return stock_backward_rule();
+  const RuleEntry* entry = find_rule(node.name());
+  TORCH_CHECK_NOT_IMPLEMENTED(entry, "torch_semiring: no semiring rule for autograd node '", node.name(),
+                              "' (forward op '", node.forward_op_name(), "'). Register one with "
+                              "torch_semiring.register_rule('", node.name(), "', rule) — see the "
+                              "README section 'Writing a rule'.");
+  return *entry;
+}
+
 const RuleEntry& stock_backward_rule() {
   static const RuleEntry entry{
       [](const RuleContext& ctx, const std::vector<at::Tensor>& grads) {

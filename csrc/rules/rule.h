@@ -57,6 +57,11 @@ void unregister_rule(const std::string& node_name);
 const RuleEntry* find_rule(const std::string& node_name);
 std::vector<std::pair<std::string, std::string>> registered_rules();  // (node name, family)
 
+// The rule that runs `node` in `semiring`: the stock backward for semirings
+// whose values are plain gradients, else the registered rule; a node without
+// one is a clear NotImplementedError naming it and how to register a rule.
+const RuleEntry& rule_for(const Node& node, const Semiring& semiring);
+
 // The node's own backward, for semirings whose values are plain gradients.
 const RuleEntry& stock_backward_rule();
 

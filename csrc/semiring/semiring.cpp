@@ -54,6 +54,20 @@ Tensor constant_value(const std::vector<double>& per_component, at::IntArrayRef 
   return c.view(view).expand(full).contiguous();
 }
 
+Tensor oplus_sum_to(const Semiring& sr, const Tensor& value, at::IntArrayRef target, const std::string& who) {
+  const auto element = value.sizes().slice(1);
+  if (element.equals(target)) return value;
+  TORCH_CHECK(at::is_expandable_to(target, element), "torch_semiring: ", who, " returned a value of element shape ",
+              element, ", which cannot be reduced to the input's shape ", target);
+  const int64_t lead = (int64_t)element.size() - (int64_t)target.size();
+  std::vector<int64_t> dims;
+  for (int64_t d = 0; d < (int64_t)element.size(); ++d)
+    if (d < lead || (target[d - lead] == 1 && element[d] != 1)) dims.push_back(d);
+  std::vector<int64_t> shape{value.size(0)};
+  shape.insert(shape.end(), target.begin(), target.end());
+  return sr.oplus_reduce(value, dims, /*keepdim=*/true).reshape(shape);
+}
+
 // ---- public entry points: align ranks, shift dims, delegate -----------------
 
 Tensor Semiring::zero(at::IntArrayRef shape, const at::TensorOptions& o) const { return do_zero(shape, o); }

@@ -104,6 +104,12 @@ std::vector<Tensor> components_of(const Tensor& v);
 Tensor constant_value(const std::vector<double>& per_component, at::IntArrayRef shape,
                       const at::TensorOptions& opts);
 
+// The semiring sum_to: ⊕ over the broadcast dims of a value of element shape
+// S down to `shape` (S must be `shape` broadcast), as the stock engine's
+// InputMetadata::reduce_grad sums a gradient. `who` names the caller in the
+// error raised when S does not reduce to `shape`.
+Tensor oplus_sum_to(const Semiring& sr, const Tensor& value, at::IntArrayRef shape, const std::string& who);
+
 // Name → semiring. `k` is the kmax parameter (ignored elsewhere).
 SemiringPtr make_semiring(const std::string& name, int64_t k);
 std::vector<std::string> semiring_names();

@@ -184,6 +184,48 @@ def _accumulated_value(part: Part, t: torch.Tensor, value: torch.Tensor) -> torc
     )
 
 
+def check_grad_semiring(sr: Resolved) -> Part:
+    """The semiring whose readouts go into .grad; errors for those that cannot."""
+    if sr.is_product:
+        raise RuntimeError(
+            "torch_semiring: several semirings cannot share one .grad; use "
+            f"torch_semiring.grad(..., semiring={tuple(p.name for p in sr.parts)!r})"
+        )
+    part = sr.parts[0]
+    if part.name == "kmax":
+        raise RuntimeError(
+            "torch_semiring: kmax readouts have shape (*x.shape, k) and cannot be stored in .grad; "
+            "use torch_semiring.grad(outputs, inputs, semiring='kmax', k=...)"
+        )
+    return part
+
+
+def write_grads(part: Part, updates, create_graph: bool) -> None:
+    """``.grad = readout(previous ⊕ value)`` for each (tensor, raw value); all or nothing, then hooks."""
+    # Compute every new .grad first, so a failure leaves all .grad untouched.
+    staged = []
+    for t, value in updates:
+        raw = _accumulated_value(part, t, value)
+        readout = part.handle.readout(raw)
+        if not create_graph:
+            readout = readout.detach()
+        staged.append((t, raw, readout.to(t.dtype)))
+    for t, raw, readout in staged:
+        t.grad = readout
+        _accumulated[t] = (part.key, raw.detach() if not create_graph else raw, t.grad, t.grad._version)
+    for t, _, _ in staged:
+        if t.is_leaf and t._post_accumulate_grad_hooks:
+            for hook in list(t._post_accumulate_grad_hooks.values()):
+                hook(t)
+
+
+def _accumulate_from_preload(leaves, values) -> None:
+    """The .grad step of a semiring .backward() run by the stock engine under the interposer."""
+    from .mode import get_semiring
+
+    write_grads(check_grad_semiring(get_semiring()), list(zip(leaves, values)), create_graph=False)
+
+
 def backward(
     tensors,
     grad_tensors=None,
@@ -206,17 +248,7 @@ def backward(
     sr = resolve(semiring, **params) if semiring is not None else get_semiring()
     if sr is None:
         raise RuntimeError("torch_semiring: backward() needs a semiring (argument or ts.semiring(...) mode)")
-    if sr.is_product:
-        raise RuntimeError(
-            "torch_semiring: several semirings cannot share one .grad; use "
-            f"torch_semiring.grad(..., semiring={tuple(p.name for p in sr.parts)!r})"
-        )
-    part = sr.parts[0]
-    if part.name == "kmax":
-        raise RuntimeError(
-            "torch_semiring: kmax readouts have shape (*x.shape, k) and cannot be stored in .grad; "
-            "use torch_semiring.grad(outputs, inputs, semiring='kmax', k=...)"
-        )
+    part = check_grad_semiring(sr)
     outputs = _as_tuple(tensors)
     explicit = inputs is not None
     wanted = list(_as_tuple(inputs)) if explicit else []
@@ -239,18 +271,4 @@ def backward(
                 value = sr.handle.zero(list(t.shape), t)
             updates.append((t, value))
     updates.extend(zip(leaves, leaf_values))
-    # Compute every new .grad first, so a failure leaves all .grad untouched.
-    staged = []
-    for t, value in updates:
-        raw = _accumulated_value(part, t, value)
-        readout = part.handle.readout(raw)
-        if not create_graph:
-            readout = readout.detach()
-        staged.append((t, raw, readout.to(t.dtype)))
-    for t, raw, readout in staged:
-        t.grad = readout
-        _accumulated[t] = (part.key, raw.detach() if not create_graph else raw, t.grad, t.grad._version)
-    for t, _, _ in staged:
-        if t.is_leaf and t._post_accumulate_grad_hooks:
-            for hook in list(t._post_accumulate_grad_hooks.values()):
-                hook(t)
+    write_grads(part, updates, create_graph)

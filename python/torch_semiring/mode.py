@@ -2,7 +2,9 @@
 
 While a mode is set on a thread, ``Tensor.backward``, ``torch.autograd.backward``
 and ``torch.autograd.grad`` called on that thread run the semiring engine
-(see :mod:`torch_semiring.torch_integration`).
+(see :mod:`torch_semiring.torch_integration`) — or, in a process started with
+the LD_PRELOAD interposer (:mod:`torch_semiring.preload`), PyTorch's own engine
+with the semiring hook points switched on for this thread.
 """
 from __future__ import annotations
 
@@ -10,9 +12,16 @@ import contextlib
 import threading
 from typing import Any, Iterator
 
+from . import _C, preload
 from .semirings import Resolved, resolve
 
 _state = threading.local()
+
+
+def _set(resolved: Resolved | None) -> None:
+    _state.semiring = resolved
+    if preload.loaded():  # the interposer's thread-local switch follows the mode
+        _C.preload_set_semiring(None if resolved is None else resolved.handle)
 
 
 def get_semiring() -> Resolved | None:
@@ -22,7 +31,7 @@ def get_semiring() -> Resolved | None:
 
 def set_semiring(spec: Any = None, **params) -> None:
     """Set (or with None, clear) this thread's semiring mode."""
-    _state.semiring = None if spec is None else resolve(spec, **params)
+    _set(None if spec is None else resolve(spec, **params))
 
 
 @contextlib.contextmanager
@@ -35,7 +44,7 @@ def semiring(spec: Any, *, decompose: bool = False, **params) -> Iterator[Resolv
     """
     previous = get_semiring()
     resolved = resolve(spec, **params)
-    _state.semiring = resolved
+    _set(resolved)
     try:
         if decompose:
             from .decompose import decomposed
@@ -45,4 +54,4 @@ def semiring(spec: Any, *, decompose: bool = False, **params) -> Iterator[Resolv
         else:
             yield resolved
     finally:
-        _state.semiring = previous
+        _set(previous)

@@ -2,7 +2,10 @@
 
 - ``torch.autograd.backward`` (hence ``Tensor.backward``) and
   ``torch.autograd.grad`` dispatch to the semiring engine while a mode is set on
-  the calling thread; otherwise they are the stock functions, untouched.
+  the calling thread; otherwise they are the stock functions, untouched. Under
+  the LD_PRELOAD interposer (:mod:`torch_semiring.preload`) they check the
+  arguments and call the stock functions: PyTorch's engine is then
+  semiring-aware itself.
 - ``torch.autograd.set_semiring`` / ``torch.autograd.semiring`` are provided
   when the installed torch lacks them (a torch built with patches/ has them).
 - ``Tensor.retain_grad`` also records the tensor, so a semiring ``.backward()``
@@ -14,7 +17,7 @@ import functools
 
 import torch
 
-from . import engine, mode
+from . import engine, mode, preload
 
 _installed = False
 
@@ -35,6 +38,10 @@ def install() -> None:
         if sr is None:
             return stock_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
                                   inputs=inputs)
+        if preload.loaded():
+            engine.check_grad_semiring(sr)
+            return stock_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
+                                  inputs=inputs)
         if grad_variables is not None:
             grad_tensors = grad_variables
         return engine.backward(tensors, grad_tensors, retain_graph, create_graph, inputs, semiring=sr)
@@ -50,6 +57,9 @@ def install() -> None:
             raise NotImplementedError("torch_semiring: is_grads_batched is not supported in a semiring mode")
         if sr.is_product:
             raise RuntimeError("torch_semiring: use torch_semiring.grad for several semirings at once")
+        if preload.loaded():
+            return stock_grad(outputs, inputs, grad_outputs, retain_graph, create_graph, only_inputs,
+                              allow_unused, is_grads_batched, materialize_grads)
         return engine.grad(outputs, inputs, grad_outputs, semiring=sr, retain_graph=retain_graph,
                            create_graph=create_graph, allow_unused=allow_unused or materialize_grads)
 

@@ -1,0 +1,174 @@
+"""The stock engine under the LD_PRELOAD interposer equals the out-of-tree engine.
+
+Not collected by `pytest tests` (no test_ prefix): tests/test_preload.py runs
+this file in a subprocess started with LD_PRELOAD. Each case runs PyTorch's own
+``.backward()`` / ``torch.autograd.grad`` with ``torch.autograd.set_semiring``
+and compares with ``torch_semiring.grad`` (the out-of-tree engine), per model
+and per semiring, in float64.
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import torch_semiring as ts
+from torch_semiring import preload
+
+from models import MODELS
+
+assert preload.loaded(), "this file runs only under LD_PRELOAD (tests/test_preload.py starts it)"
+
+GRAD_SEMIRINGS = ["real", "abs", "count", "log", "max_abs", "viterbi", "max_prod", "entropy"]
+
+
+def close(got, want, what):
+    assert (got is None) == (want is None), f"{what}: {got} vs {want}"
+    if got is not None:
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-12, equal_nan=True, msg=lambda m: f"{what}: {m}")
+
+
+def stock_backward(leaves, loss_fn, semiring, **params):
+    for t in leaves:
+        t.grad = None
+    torch.autograd.set_semiring(semiring, **params)
+    try:
+        loss_fn().backward()  # plain .backward(): PyTorch's engine
+    finally:
+        torch.autograd.set_semiring(None)
+    return [t.grad for t in leaves]
+
+
+@pytest.mark.parametrize("semiring", GRAD_SEMIRINGS)
+@pytest.mark.parametrize("model", sorted(MODELS))
+def test_backward_equals_out_of_tree_engine(model, semiring):
+    x, params, loss_fn = MODELS[model]()
+    leaves = [x] + params
+    want = ts.grad(loss_fn(), leaves, semiring=semiring, allow_unused=True)
+    got = stock_backward(leaves, loss_fn, semiring)
+    for i, (g, w) in enumerate(zip(got, want)):
+        close(g, w, f"{model}/{semiring} leaf {i}")
+
+
+@pytest.mark.parametrize("semiring,params", [("max_prod", {}), ("entropy", {}), ("kmax", {"k": 3})])
+@pytest.mark.parametrize("model", ["attention", "llama"])
+def test_autograd_grad_equals_out_of_tree_engine(model, semiring, params):
+    x, weights, loss_fn = MODELS[model]()
+    want = ts.grad(loss_fn(), [x, weights[-1]], semiring=semiring, **params)
+    with torch.autograd.semiring(semiring, **params):
+        got = torch.autograd.grad(loss_fn(), [x, weights[-1]])
+    for g, w in zip(got, want):
+        close(g, w, f"{model}/{semiring}")
+
+
+def test_bert_sdpa_and_grad_outputs():
+    x, _, loss_fn = MODELS["bert"]("sdpa")
+    y = torch.tensor([0.5, -2.0, 3.0], dtype=torch.float64, requires_grad=True)
+    out_fn = lambda: loss_fn() * y  # noqa: E731  (a vector output with grad_outputs)
+    weights = torch.tensor([1.0, 0.25, -4.0], dtype=torch.float64)
+    for semiring in ["viterbi", "max_prod", "log"]:
+        want = ts.grad(out_fn(), [x, y], weights, semiring=semiring)
+        with torch.autograd.semiring(semiring):
+            got = torch.autograd.grad(out_fn(), [x, y], weights)
+        for g, w in zip(got, want):
+            close(g, w, f"bert-sdpa/{semiring}")
+
+
+def test_spec_worked_value_max_prod():
+    x = torch.tensor(4.0, dtype=torch.float64, requires_grad=True)
+    y = torch.tensor(2.0, dtype=torch.float64, requires_grad=True)
+    with torch.autograd.semiring("max_prod"):
+        (x * y + x / y).backward()
+    assert x.grad.item() == 2.0 and y.grad.item() == 4.0
+
+
+def test_broadcast_reduction_goes_through_reduce_grad():
+    # the bias is broadcast over the batch: its value is ⊕-reduced by the
+    # engine's InputMetadata::reduce_grad hook (max, not +, in viterbi)
+    b = torch.tensor([1.0, -3.0], dtype=torch.float64, requires_grad=True)
+    w = torch.tensor([[2.0], [0.5], [4.0]], dtype=torch.float64)
+    with torch.autograd.semiring("count"):
+        ((w + b) * 3.0).sum().backward()
+    assert b.grad.tolist() == [3.0, 3.0]  # three paths each (one per broadcast row)
+    b.grad = None
+    with torch.autograd.semiring("max_abs"):
+        ((w * b).sum()).backward()
+    assert b.grad.tolist() == [4.0, 4.0]
+
+
+def test_grad_accumulates_with_oplus_and_off_is_stock_again():
+    x, params, loss_fn = MODELS["mlp"]()
+    stock = torch.autograd.grad(loss_fn(), [x])[0]
+    with torch.autograd.semiring("max_abs"):
+        loss_fn().backward()
+        first = x.grad.clone()
+        loss_fn().backward()  # ⊕ = max: a second identical pass changes nothing
+    assert torch.equal(x.grad, first)
+    assert torch.equal(torch.autograd.grad(loss_fn(), [x])[0], stock)
+
+
+def test_mode_is_thread_local():
+    x, _, loss_fn = MODELS["mlp"]()
+    stock = torch.autograd.grad(loss_fn(), [x])[0]
+    seen = {}
+
+    def other_thread():
+        seen["grad"] = torch.autograd.grad(loss_fn(), [x])[0]
+
+    with torch.autograd.semiring("count"):
+        t = threading.Thread(target=other_thread)
+        t.start()
+        t.join()
+    assert torch.equal(seen["grad"], stock)
+
+
+def test_interposed_symbols_are_defined_by_the_wheel():
+    symbols = preload.symbols()
+    assert len(symbols) > 700
+    missing = [name for name, ok in symbols if not ok]
+    assert not missing
+
+
+def test_kmax_cannot_go_into_grad():
+    x, _, loss_fn = MODELS["mlp"]()
+    with torch.autograd.semiring("kmax", k=2), pytest.raises(RuntimeError, match="kmax readouts"):
+        loss_fn().backward()
+    assert x.grad is None
+
+
+def test_hook_that_does_arithmetic_is_a_clear_error():
+    x, _, loss_fn = MODELS["mlp"]()
+    x.register_hook(lambda g: g * 2)
+    with torch.autograd.semiring("viterbi"), pytest.raises(RuntimeError, match="inside the autograd engine"):
+        loss_fn().backward()
+    assert x.grad is None  # nothing written: the pass failed
+
+
+def test_python_function_is_a_clear_error():
+    class Square(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            ctx.save_for_backward(t)
+            return t * t
+
+        @staticmethod
+        def backward(ctx, g):
+            (t,) = ctx.saved_tensors
+            return 2 * t * g
+
+    x = torch.randn(3, dtype=torch.float64, requires_grad=True)
+    with torch.autograd.semiring("max_prod"), pytest.raises(RuntimeError, match="torch_semiring"):
+        Square.apply(x.sin()).sum().backward()
+
+
+def test_create_graph_is_refused():
+    x, _, loss_fn = MODELS["mlp"]()
+    with torch.autograd.semiring("log"), pytest.raises(RuntimeError, match="create_graph"):
+        torch.autograd.grad(loss_fn(), [x], create_graph=True)
+
+
+def test_product_is_refused_for_grad():
+    x, _, loss_fn = MODELS["mlp"]()
+    with torch.autograd.semiring(("viterbi", "entropy")), pytest.raises(RuntimeError, match="several semirings"):
+        loss_fn().backward()
