@@ -1,6 +1,7 @@
 // The Python face of the C++ library: semirings (built-in and Python-defined),
 // the engine entry point, and rule registration. Thin on purpose; the API
 // lives in python/torch_semiring.
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_function.h>
 #include <torch/extension.h>
@@ -197,7 +198,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       try {
         (*held)(leaves, values);
       } catch (py::error_already_set& e) {
-        TORCH_CHECK(false, e.what());  // a Python error crossing the C++ engine: keep its message
+        // Crosses the C++ engine as torch's python_error, which the engine's
+        // Python entry point restores: the caller sees the original exception.
+        e.restore();
+        python_error err;
+        err.persist();
+        throw err;
       }
     });
   });
