@@ -37,11 +37,13 @@ tiny-demo: build
 	$(VPY) -m torch_semiring demo
 
 # Kernel throughput, then backward time and peak memory per semiring on six models
-# (with the tensor-subclass baseline); tables on stdout, JSON in benchmarks/results/.
-# ~15 minutes on one core of these machines (BENCH_BIG_BUDGET_S caps each big model).
+# (with the tensor-subclass baseline), then the LD_PRELOAD route's off-mode overhead
+# (~2 min); tables on stdout, JSON in benchmarks/results/.
+# ~17 minutes on one core of these machines (BENCH_BIG_BUDGET_S caps each big model).
 bench: build
 	$(VPY) benchmarks/kernels.py
 	$(VPY) benchmarks/run.py
+	$(VPY) benchmarks/preload.py
 
 # docs/coverage.md: which autograd nodes have generated / generic / hand-written
 # rules, from the installed torch's derivatives.yaml and the built registry.
