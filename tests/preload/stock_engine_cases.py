@@ -172,3 +172,35 @@ def test_product_is_refused_for_grad():
     x, _, loss_fn = MODELS["mlp"]()
     with torch.autograd.semiring(("viterbi", "entropy")), pytest.raises(RuntimeError, match="several semirings"):
         loss_fn().backward()
+
+
+def test_dtype_change_and_checkpoint_equal_out_of_tree_engine():
+    # ToCopyBackward0 (float64 → float32 → float64) and non-reentrant
+    # activation checkpointing (saved-tensor hooks recompute the forward)
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+
+    def loss_fn():
+        h = checkpoint(net, x.float(), use_reentrant=False)
+        return h.double().pow(2).sum()
+
+    for semiring in ["viterbi", "max_prod", "entropy"]:
+        want = ts.grad(loss_fn(), [x], semiring=semiring)
+        with torch.autograd.semiring(semiring):
+            got = torch.autograd.grad(loss_fn(), [x])
+        torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-6, equal_nan=True)
+        assert got[0].dtype == torch.float64
+
+
+def test_readme_example_runs_on_pytorchs_engine():
+    import os
+    import re
+
+    readme = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "README.md")
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", open(readme).read(), flags=re.S) if "train.py" in b]
+    scope: dict = {}
+    exec(compile(block, "README (LD_PRELOAD example)", "exec"), scope)
+    assert scope["x"].grad.item() == 2.0 and scope["y"].grad.item() == 4.0
