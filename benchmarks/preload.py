@@ -35,24 +35,12 @@ def models():
 
     import torch
 
-    def mlp():
+    def mlp(width, layers, batch, title, loss):
         torch.manual_seed(0)
-        layers = []
-        for _ in range(3):
-            layers += [torch.nn.Linear(256, 256), torch.nn.Tanh()]
-        net = torch.nn.Sequential(*layers).requires_grad_(False)
-        x = torch.randn(64, 256, requires_grad=True)
-        return "MLP 64×256, 3 tanh layers", [x], lambda: net(x).pow(2).mean()
-
-    def deep():
-        # many small nodes: the worst case for a per-node-call cost
-        torch.manual_seed(0)
-        layers = []
-        for _ in range(50):
-            layers += [torch.nn.Linear(16, 16), torch.nn.Tanh()]
-        net = torch.nn.Sequential(*layers).requires_grad_(False)
-        x = torch.randn(4, 16, requires_grad=True)
-        return "deep MLP, 50 × (linear 16 + tanh), 101 nodes", [x], lambda: net(x).sum()
+        net = torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(width, width), torch.nn.Tanh())])
+        net.requires_grad_(False)
+        x = torch.randn(batch, width, requires_grad=True)
+        return title, [x], lambda: loss(net(x))
 
     def attention():
         torch.manual_seed(0)
@@ -80,7 +68,13 @@ def models():
         x = model.get_input_embeddings()(torch.randint(0, 100, (1, 32))).detach().requires_grad_()
         return "BERT 2 layers, hidden 128, 32 tokens", [x], lambda: model(inputs_embeds=x).last_hidden_state.pow(2).mean()
 
-    return {"deep": deep, "mlp": mlp, "attention": attention, "bert": bert}
+    return {
+        # many small nodes: the worst case for a per-node-call cost
+        "deep": lambda: mlp(16, 50, 4, "deep MLP, 50 × (linear 16 + tanh), 101 nodes", lambda y: y.sum()),
+        "mlp": lambda: mlp(256, 3, 64, "MLP 64×256, 3 tanh layers", lambda y: y.pow(2).mean()),
+        "attention": attention,
+        "bert": bert,
+    }
 
 
 def median_ms(loss_fn, backward, repeats=REPEATS, warmup=3):

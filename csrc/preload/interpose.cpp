@@ -95,14 +95,17 @@ inline const ts_preload_hooks* hooks_if_active() {
   return installed_hooks.load(std::memory_order_acquire);
 }
 
-using NodeApplyFn = OpaqueTensorList (*)(void*, void*);
+// Node::apply(variable_list&&) of symbol i: the wheel's, or `hook` of the
+// installed table (node_apply for nodes, accumulate_grad for AccumulateGrad).
+using ApplyFn = OpaqueTensorList (*)(void*, void*);
+using ApplyHook = void (*ts_preload_hooks::*)(void*, void*, void*, void*);
 
-inline OpaqueTensorList node_apply(int i, void* self, void* grads) {
+inline OpaqueTensorList apply_site(int i, ApplyHook hook, void* self, void* grads) {
   void* fn = original(i);
   const ts_preload_hooks* h = hooks_if_active();
-  if (!h) return reinterpret_cast<NodeApplyFn>(fn)(self, grads);
+  if (!h) return reinterpret_cast<ApplyFn>(fn)(self, grads);
   OpaqueTensorList out;
-  h->node_apply(self, grads, &out, fn);
+  (h->*hook)(self, grads, &out, fn);
   return out;
 }
 
@@ -133,12 +136,7 @@ OpaqueTensor ts_reduce_grad(const void* self, void* grad) {
 
 OpaqueTensorList ts_accumulate_grad(void* self, void* grads) __asm__(TS_PRELOAD_ACCUMULATE_GRAD);
 OpaqueTensorList ts_accumulate_grad(void* self, void* grads) {
-  void* orig = original(kAccumulateGrad);
-  const ts_preload_hooks* h = hooks_if_active();
-  if (!h) return reinterpret_cast<NodeApplyFn>(orig)(self, grads);
-  OpaqueTensorList out;
-  h->accumulate_grad(self, grads, &out, orig);
-  return out;
+  return apply_site(kAccumulateGrad, &ts_preload_hooks::accumulate_grad, self, grads);
 }
 
 OpaqueTensorList ts_engine_execute(void* self, const void* roots, const void* inputs, bool keep_graph,
@@ -160,7 +158,7 @@ OpaqueTensorList ts_engine_execute(void* self, const void* roots, const void* in
 #define TS_NODE_APPLY(I, SYMBOL)                                                           \
   OpaqueTensorList ts_node_apply_##I(void* self, void* grads) __asm__(SYMBOL);            \
   OpaqueTensorList ts_node_apply_##I(void* self, void* grads) {                           \
-    return node_apply(kFirstNodeApply + I, self, grads);                                  \
+    return apply_site(kFirstNodeApply + I, &ts_preload_hooks::node_apply, self, grads);   \
   }
 TS_PRELOAD_NODE_APPLY(TS_NODE_APPLY)
 #undef TS_NODE_APPLY
