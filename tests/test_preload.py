@@ -27,7 +27,8 @@ def run(args, *, with_preload: bool, timeout: int = 900) -> subprocess.Completed
     env = preload.environment() if with_preload else dict(os.environ)
     if not with_preload:
         env.pop("LD_PRELOAD", None)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, env.get("PYTHONPATH", "")) if p)
+    tests = os.path.dirname(HERE)  # for shared test helpers (test_api's Python semiring)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (HERE, tests, env.get("PYTHONPATH", "")) if p)
     return subprocess.run([sys.executable, *args], cwd=HERE, env=env, capture_output=True, text=True,
                           timeout=timeout)
 

@@ -39,26 +39,31 @@ class PySemiring final : public Semiring {
 
  protected:
   Tensor do_zero(at::IntArrayRef s, const at::TensorOptions& o) const override {
+    py::gil_scoped_acquire gil;  // the arguments are Python objects too
     return call("zero", py::tuple(py::cast(s.vec())), at::empty({0}, o));
   }
   Tensor do_one(at::IntArrayRef s, const at::TensorOptions& o) const override {
+    py::gil_scoped_acquire gil;
     return call("one", py::tuple(py::cast(s.vec())), at::empty({0}, o));
   }
   Tensor do_lift(const Tensor& w) const override { return call("lift", w); }
   Tensor do_otimes(const Tensor& a, const Tensor& b) const override { return call("otimes", a, b); }
   Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
+    py::gil_scoped_acquire gil;
     if (py::hasattr(obj_, "otimes_edge")) return call("otimes_edge", a, w);
     return do_otimes(a, do_lift(w));
   }
   Tensor do_oplus(const Tensor& a, const Tensor& b) const override { return call("oplus", a, b); }
   Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
+    py::gil_scoped_acquire gil;
     return call("oplus_reduce", a, py::tuple(py::cast(dims.vec())), keepdim);
   }
 
  private:
   template <class... A>
   Tensor call(const char* method, A&&... args) const {
-    py::gil_scoped_acquire gil;  // the stock engine (preload route) runs without the GIL
+    // The stock engine (the LD_PRELOAD route) runs rules without the GIL.
+    py::gil_scoped_acquire gil;
     py::object r = obj_.attr(method)(std::forward<A>(args)...);
     TORCH_CHECK_TYPE(THPVariable_Check(r.ptr()), "torch_semiring: ", name_, ".", method,
                      " must return a Tensor, got ", std::string(py::str(py::type::of(r))));

@@ -204,3 +204,15 @@ def test_readme_example_runs_on_pytorchs_engine():
     scope: dict = {}
     exec(compile(block, "README (LD_PRELOAD example)", "exec"), scope)
     assert scope["x"].grad.item() == 2.0 and scope["y"].grad.item() == 4.0
+
+
+def test_python_semiring_through_pytorchs_engine():
+    # the engine runs without the GIL; the Python semiring's calls take it
+    from test_api import PyMaxPlus
+
+    x, params, loss_fn = MODELS["attention"]()
+    semiring = PyMaxPlus()
+    want = ts.grad(loss_fn(), [x] + params, semiring=semiring)
+    got = stock_backward([x] + params, loss_fn, semiring)
+    for g, w in zip(got, want):
+        close(g, w, "attention/python viterbi")
