@@ -289,6 +289,8 @@ const char* const kInjective[] = {
     "TriuBackward0",         "ConstantPadNdBackward0", "NarrowCopyBackward0",   "SliceScatterBackward0",
     "SelectScatterBackward0", "ScatterBackward0",      "ScatterBackward1",      "IndexFillBackward0",
     "MaskedScatterBackward0",
+    // copy_ into a tensor: the source moves over, the overwritten self gets nothing
+    "torch::autograd::CopyBackwards",
     "SelectBackward0_copy", "SliceBackward0_copy", "DiagonalBackward0_copy", "SplitBackward0_copy",
     "SplitWithSizesBackward0_copy", "UnbindBackward0_copy", "UnsafeSplitBackward0", "UnsafeSplitWithSizesBackward0",
     // value-selecting reductions: the selected element takes its output's value, the rest none
@@ -312,6 +314,7 @@ const char* const kInjective[] = {
 // hand-written rules, one file per concept
 void register_linear_algebra_rules();  // linear_algebra.cpp
 void register_softmax_rules();         // softmax.cpp
+void register_in_place_rules();        // in_place.cpp
 void register_normalization_rules();   // normalization.cpp
 void register_attention_rules();       // attention.cpp
 void register_generated_rules();       // build/generated/generated_rules.cpp (tools/gen_semiring_rules.py)
@@ -393,6 +396,7 @@ void register_builtin_rules() {
 
   register_linear_algebra_rules();
   register_softmax_rules();
+  register_in_place_rules();
   register_normalization_rules();
   register_attention_rules();
   // Last, and only for names still without a rule: generic and hand-written rules win.
