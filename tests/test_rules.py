@@ -184,7 +184,63 @@ def in_place_writes():
     return (y * x).sum() + (v * w).sum(), [x, z, w], None
 
 
+def convolutions():
+    # conv2d (padding, stride, dilation, groups, bias), conv1d without bias,
+    # an unbatched conv2d, average pooling (padding, ceil_mode,
+    # count_include_pad=False, divisor_override) and batch norm with running
+    # statistics; tiny shapes: the reference reads every Jacobian entry
+    x, x1 = leaf(2, 4, 5, 5), leaf(2, 3, 7)
+    w = leaf(6, 2, 3, 3, scale=0.7)
+    b = leaf(6)
+    w1 = leaf(4, 3, 2)
+    h = F.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
+    h = F.avg_pool2d(h, 2, stride=1, padding=1, ceil_mode=True, count_include_pad=False)
+    bn_w, bn_b = leaf(6), leaf(6)
+    h = F.batch_norm(h, torch.randn(6, dtype=D), torch.rand(6, dtype=D) + 0.5, bn_w, bn_b, training=False)
+    h2 = F.avg_pool2d(F.conv2d(x[0], w[:4, :, :2, :2], groups=2), 2, divisor_override=3)  # unbatched input
+    y = F.conv1d(x1, w1, stride=2, padding=1).tanh()
+    return [h.sin(), h2, y], [x, x1, w, b, w1, bn_w, bn_b], None
+
+
+@pytest.mark.parametrize("conv", [torch.nn.Conv3d(2, 2, 2), torch.nn.ConvTranspose2d(2, 2, 2)], ids=["3d", "transposed"])
+def test_convolutions_outside_the_rule_are_a_clear_error(conv):
+    x = torch.randn(1, 2, *([3] * (conv.weight.dim() - 2)), requires_grad=True)
+    with pytest.raises(NotImplementedError, match="1-D and 2-D, non-transposed"):
+        ts.grad(conv(x).sum(), x, semiring="viterbi")
+
+
+def test_batch_norm_training_on_large_channels_is_a_clear_error():
+    x = torch.randn(2, 1, 64, 64, dtype=D, requires_grad=True)
+    y = F.batch_norm(x, None, None, training=True).sum()
+    with pytest.raises(NotImplementedError, match=r"model\.eval\(\)"):
+        ts.grad(y, x, semiring="viterbi")
+
+
+def test_small_cnn_runs_in_every_semiring():
+    # a ResNet-style stack in eval mode: every node has a rule, and real is autograd
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.BatchNorm2d(8), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+        torch.nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=2), torch.nn.AvgPool2d(2),
+        torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 3),
+    ).double().eval()
+    x = torch.randn(2, 3, 16, 16, dtype=D, requires_grad=True)
+    out = net(x).log_softmax(-1)[:, 0].sum()
+    (real,) = ts.grad(out, x, retain_graph=True)
+    torch.testing.assert_close(real, torch.autograd.grad(out, x, retain_graph=True)[0])
+    for semiring in SEMIRING_NAMES:
+        (v,) = ts.grad(out, x, semiring=semiring, retain_graph=True, **({"k": 2} if semiring == "kmax" else {}))
+        assert v.shape[:4] == x.shape and not torch.isnan(v).all()
+
+
+def batch_norm_training():
+    x = leaf(3, 2, 2, 2)
+    w, b = leaf(2), leaf(2)
+    return F.batch_norm(x, None, None, w, b, training=True).pow(2), [x, w, b], None
+
+
 CASES = [
+    convolutions, batch_norm_training,
     in_place_writes,
     softmaxes, layer_norms, attention_fused, embedding_and_losses,
     pointwise_broadcast, pointwise_zoo, parallel_edges, reductions, layout, contractions, selections,

@@ -1,4 +1,4 @@
-// native_layer_norm and _fused_rms_norm. Per normalized row (N elements),
+// native_layer_norm, _fused_rms_norm and native_batch_norm. Per normalized row (N elements),
 // with x̂ the normalized input, r = 1/std and c_i = w_i·r:
 //     layer norm:  J[i, j] = c_i (δ_ij − 1/N − x̂_i x̂_j / N)
 //     RMS norm:    J[i, j] = c_i (δ_ij −       x̂_i x̂_j / N)
@@ -7,6 +7,9 @@
 // the whole tensor — and contracted with the semiring's batched matmul.
 // weight: one edge x̂ per element (⊕ over rows by the engine's broadcast
 // reduction); bias: one edge of weight 1.
+// Batch norm normalizes each channel over the batch and spatial dims: with
+// running statistics (eval) its Jacobian is diagonal; with batch statistics
+// (training) each channel is one row of the layer-norm form above.
 #include <torch/csrc/autograd/generated/Functions.h>
 
 #include "rule.h"
@@ -80,9 +83,57 @@ std::vector<Tensor> rms_norm_rule(const RuleContext& ctx, const std::vector<Tens
                        /*has_bias=*/false);
 }
 
+std::vector<Tensor> batch_norm_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  TORCH_CHECK(std::all_of(grads.begin() + 1, grads.end(), [](const Tensor& t) { return !t.defined(); }),
+              "torch_semiring: values arriving at the save_mean/save_invstd outputs of native_batch_norm are not "
+              "supported (only its normalized output is)");
+  auto& n = static_cast<NativeBatchNormBackward0&>(ctx.node);
+  const auto& sr = ctx.semiring;
+  const Tensor& g = grads[0];
+  auto x = ctx.unpack(n.input_);
+  const int64_t channels = x.size(1), C = g.size(0);
+  std::vector<int64_t> per_channel(x.dim(), 1);
+  per_channel[1] = channels;
+  Tensor mean, invstd;
+  if (n.training) {  // batch statistics, saved by the forward
+    mean = ctx.unpack(n.result1_);
+    invstd = ctx.unpack(n.result2_);
+  } else {
+    mean = n.running_mean_.unpack();
+    invstd = (n.running_var_.unpack() + n.eps).rsqrt();
+  }
+  auto x_hat = (x - mean.view(per_channel)) * invstd.view(per_channel);
+  auto weight = n.weight_.unpack();
+  std::vector<int64_t> not_channel{0};
+  for (int64_t d = 2; d < x.dim(); ++d) not_channel.push_back(d);
+  std::vector<Tensor> out(3);
+  if (ctx.needs(0)) {
+    auto scale = (weight.defined() ? invstd * weight : invstd).view(per_channel).expand_as(x);
+    if (!n.training) {
+      out[0] = sr.otimes_edge(g, scale);
+    } else {
+      const int64_t M = x.numel() / channels;
+      TORCH_CHECK_NOT_IMPLEMENTED(M <= 4096, "torch_semiring: batch norm in training mode couples all ", M,
+                                  " elements of a channel (batch × spatial), whose ", M, "×", M, " Jacobian block "
+                                  "is too large to build; call model.eval() so that batch norm normalizes with "
+                                  "its running statistics (a diagonal Jacobian)");
+      // channels as rows: (C, B, ch, *S) → (C, ch, B·S), and back
+      auto g_rows = g.movedim(2, 1);
+      auto rows = normalized_input_value(sr, g_rows.reshape({C, channels, M}),
+                                         x_hat.movedim(1, 0).reshape({channels, M}),
+                                         scale.movedim(1, 0).reshape({channels, M}), M, /*centered=*/true);
+      out[0] = rows.view(g_rows.sizes()).movedim(1, 2);
+    }
+  }
+  if (ctx.needs(1)) out[1] = sr.oplus_reduce(sr.otimes_edge(g, x_hat), not_channel, false);
+  if (ctx.needs(2)) out[2] = sr.oplus_reduce(g, not_channel, false);
+  return out;
+}
+
 }  // namespace
 
 void register_normalization_rules() {
+  register_rule("NativeBatchNormBackward0", batch_norm_rule, "normalization");
   register_rule("NativeLayerNormBackward0", layer_norm_rule, "normalization");
   register_rule("FusedRmsNormBackward0", rms_norm_rule, "normalization");
 }

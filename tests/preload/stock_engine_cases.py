@@ -233,3 +233,17 @@ def test_in_place_writes_through_pytorchs_engine(semiring):
     close(got[0], want[0], f"in-place/{semiring} grad")
     for t, w in zip(inputs, want):
         close(t.grad, w, f"in-place/{semiring} .grad")
+
+
+@pytest.mark.parametrize("semiring", ["viterbi", "entropy", "kmax"])
+def test_convolutions_through_pytorchs_engine(semiring):
+    from test_rules import convolutions
+
+    outs, inputs, _ = convolutions()
+    params = {"k": 2} if semiring == "kmax" else {}
+    outs = [o.sum() for o in outs]
+    want = ts.grad(outs, inputs, semiring=semiring, retain_graph=True, **params)
+    with torch.autograd.semiring(semiring, **params):
+        got = torch.autograd.grad(outs, inputs)
+    for i, (g, w) in enumerate(zip(got, want)):
+        close(g, w, f"convolutions/{semiring} input {i}")
