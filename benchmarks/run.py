@@ -64,7 +64,7 @@ TARGETS = {"real": 1.05, "max_abs": 2.5, "viterbi": 2.5, "log": 1.6, "entropy": 
 MEMORY_TARGET = 1.5
 REPEATS = int(os.environ.get("BENCH_REPEATS", "7"))
 BIG_BUDGET_S = float(os.environ.get("BENCH_BIG_BUDGET_S", "180"))
-MODELS = ["mlp", "attention", "bert-small", "minilm", "bert-base", "llama"]
+MODELS = ["mlp", "attention", "cnn", "bert-small", "minilm", "bert-base", "llama"]
 BIG = {"minilm", "bert-base", "llama"}
 SUBCLASS = {"mlp", "attention", "bert-small"}
 SEQ = 128
@@ -102,6 +102,22 @@ def attention(tokens=64, hidden=64, heads=4):
         return (o @ wo + x[0]).pow(2).mean()
 
     return forward, [x, wq, wk, wv, wo]
+
+
+def cnn():
+    # a small ResNet-style CNN in eval mode (conv, batch norm, pools), CIFAR-sized input
+    torch.manual_seed(0)
+    nn = torch.nn
+    block = lambda cin, cout, stride: [nn.Conv2d(cin, cout, 3, stride=stride, padding=1), nn.BatchNorm2d(cout), nn.ReLU()]
+    net = nn.Sequential(*block(3, 32, 1), *block(32, 32, 1), nn.MaxPool2d(2), *block(32, 64, 2), *block(64, 64, 1),
+                        nn.AvgPool2d(2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 10))
+    net = net.eval().requires_grad_(False)
+    x = torch.randn(1, 3, 32, 32, generator=torch.Generator().manual_seed(4), requires_grad=True)
+
+    def forward():
+        return net(x).log_softmax(-1)[0, 0]
+
+    return forward, [x]
 
 
 def _hf(model, hidden):
@@ -149,11 +165,12 @@ def minilm():
     return forward, [x]
 
 
-BUILD = {"mlp": mlp, "attention": attention, "bert-small": bert_small, "minilm": minilm,
+BUILD = {"mlp": mlp, "attention": attention, "cnn": cnn, "bert-small": bert_small, "minilm": minilm,
          "bert-base": bert_base, "llama": llama}
 LABEL = {
     "mlp": "MLP 64×256, 3 tanh layers",
     "attention": "attention 64 tok, hidden 64, 4 heads",
+    "cnn": "CNN 4 conv+BN (32–64 ch), 32×32 input (eval)",
     "bert-small": "BERT 2 layers, hidden 128, seq 128 (eager)",
     "minilm": "real MiniLM-L6 (384 hidden), seq 128",
     "bert-base": "BERT-base 12×768, seq 128 (eager)",

@@ -6,9 +6,8 @@
 //               v_x[b, c, p]    = ⊕ of v_cols over the (j, l) whose column entry is pixel p (⊕-scatter)
 //      weight:  v_W[o, j]       = ⊕_{b,l} g[b, o, l] ⊗ lift(cols[b, j, l])   (semiring matmul)
 //      bias:    v_b[o]          = ⊕_{b,l} g[b, o, l]
-// Which pixel each column entry is comes from im2col of the pixels' positions
-// (padding reads as "none"), the way the selection family finds positions.
-// Zero weights and padded zeros lift to the semiring zero: no edge.
+// The ⊕-scatter is col2im with ⊕ (fold_windows). Zero weights and padded
+// zeros lift to the semiring zero: no edge.
 #include <torch/csrc/autograd/generated/Functions.h>
 
 #include "rule.h"
@@ -44,31 +43,30 @@ struct Windows {
         out_size(as2d(std::move(out), 1)) {}
   int64_t K() const { return kernel[0] * kernel[1]; }
   int64_t L() const { return out_size[0] * out_size[1]; }
-
-  // (K, L) int64: the flat spatial position each window entry reads, -1 for padding.
-  Tensor positions(int64_t height, int64_t width) const {
-    auto p = at::arange(1, height * width + 1, at::TensorOptions().dtype(at::kDouble)).view({1, 1, height, width});
-    // Extra zeros (= "none") on the bottom/right so that ceil_mode's partial
-    // windows exist in im2col; windows start at the same places either way.
-    const int64_t extra_h = stride[0] * out_size[0], extra_w = stride[1] * out_size[1];
-    p = at::constant_pad_nd(p, {0, extra_w, 0, extra_h});
-    auto cols = at::im2col(p, kernel, dilation, padding, stride);  // (1, K, rows·cols of windows)
-    const int64_t windows_w = (width + extra_w + 2 * padding[1] - dilation[1] * (kernel[1] - 1) - 1) / stride[1] + 1;
-    const int64_t windows_h = cols.size(2) / windows_w;
-    cols = cols.view({K(), windows_h, windows_w}).narrow(1, 0, out_size[0]).narrow(2, 0, out_size[1]);
-    return cols.reshape({K(), L()}).round().to(at::kLong) - 1;
-  }
 };
 
-// ⊕-scatter of window values v: (C, B, channels, K, L) into (C, B, channels, height·width).
-Tensor scatter_windows(const Semiring& sr, const Tensor& v, const Tensor& positions, int64_t pixels) {
+// col2im with ⊕: window values v (C, B, channels, K, L) go back to the pixels
+// they read, (C, B, channels, height, width); K may be 1 when every entry of a
+// window carries the same value (average pooling). One ⊕ per kernel offset: for a
+// fixed offset the windows read distinct pixels, a strided slice of the padded
+// image. Entries that read padding are dropped; pixels no window reads stay zero.
+Tensor fold_windows(const Semiring& sr, const Tensor& v, const Windows& w, int64_t height, int64_t width) {
   const int64_t C = v.size(0), B = v.size(1), channels = v.size(2);
-  auto plane = at::arange(B * channels, positions.options()).view({B, channels, 1, 1}) * pixels;
-  auto index = (plane + positions).reshape(-1);
-  auto valid = (positions >= 0).expand({B, channels, positions.size(0), positions.size(1)}).reshape(-1);
-  auto kept = valid.nonzero().squeeze(1);
-  auto src = v.reshape({C, -1}).index_select(1, kept);
-  return sr.scatter_oplus(src, index.index_select(0, kept), B * channels * pixels).view({C, B, channels, pixels});
+  const int64_t oh = w.out_size[0], ow = w.out_size[1];
+  auto reach = [&](int64_t d) {  // padded extent every window fits in (ceil_mode windows may overhang)
+    const int64_t size = d == 0 ? height : width;
+    return std::max(size + 2 * w.padding[d], (w.out_size[d] - 1) * w.stride[d] + (w.kernel[d] - 1) * w.dilation[d] + 1);
+  };
+  auto image = sr.zero({B, channels, reach(0), reach(1)}, v.options());
+  const bool shared = v.size(3) == 1;
+  auto entries = v.reshape({C, B, channels, v.size(3), oh, ow});
+  for (int64_t i = 0; i < w.kernel[0]; ++i)
+    for (int64_t j = 0; j < w.kernel[1]; ++j) {
+      auto slice = image.slice(3, i * w.dilation[0], i * w.dilation[0] + (oh - 1) * w.stride[0] + 1, w.stride[0])
+                       .slice(4, j * w.dilation[1], j * w.dilation[1] + (ow - 1) * w.stride[1] + 1, w.stride[1]);
+      slice.copy_(sr.oplus(slice, entries.select(3, shared ? 0 : i * w.kernel[1] + j)));
+    }
+  return image.narrow(3, w.padding[0], height).narrow(4, w.padding[1], width);
 }
 
 std::vector<Tensor> convolution_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
@@ -94,8 +92,8 @@ std::vector<Tensor> convolution_rule(const RuleContext& ctx, const std::vector<T
     const int64_t height = spatial == 2 ? in_shape[in_shape.size() - 2] : 1, width = in_shape.back();
     // (C, B, G, L, CinG·K): ⊕ over each group's output channels
     auto cols = sr.matmul(gl.permute({0, 1, 2, 4, 3}), w.unsqueeze(0).expand({B, G, CoutG, CinG * K}));
-    cols = cols.view({C, B, G, L, CinG, K}).permute({0, 1, 2, 4, 5, 3}).reshape({C, B, G * CinG, K, L});
-    auto v = scatter_windows(sr, cols, win.positions(height, width), height * width);
+    cols = cols.reshape({C, B, G, L, CinG, K}).permute({0, 1, 2, 4, 5, 3}).reshape({C, B, G * CinG, K, L});
+    auto v = fold_windows(sr, cols, win, height, width);
     std::vector<int64_t> shape{C};
     shape.insert(shape.end(), in_shape.begin(), in_shape.end());
     out[0] = v.reshape(shape);
@@ -136,8 +134,7 @@ std::vector<Tensor> avg_pool2d_rule(const RuleContext& ctx, const std::vector<Te
   auto sum = at::avg_pool2d(ones, n.kernel_size, stride, n.padding, n.ceil_mode, true, 1);
   auto weight = (avg / sum).to(g.scalar_type()).view({1, win.L()});
   auto gw = sr.otimes_edge(g.reshape({C, 1, planes, 1, win.L()}), weight);
-  auto v = scatter_windows(sr, gw.expand({C, 1, planes, win.K(), win.L()}), win.positions(height, width),
-                           height * width);
+  auto v = fold_windows(sr, gw, win, height, width);
   std::vector<int64_t> shape{C};
   shape.insert(shape.end(), in_shape.begin(), in_shape.end());
   return {v.reshape(shape)};
