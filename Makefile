@@ -36,7 +36,7 @@ demo: build
 tiny-demo: build
 	$(VPY) -m torch_semiring demo
 
-# Kernel throughput, then backward time and peak memory per semiring on six models
+# Kernel throughput, then backward time and peak memory per semiring on seven models (MLP, attention, CNN, small BERT, MiniLM, BERT-base, Llama)
 # (with the tensor-subclass baseline), then the LD_PRELOAD route's off-mode overhead
 # (~2 min); tables on stdout, JSON in benchmarks/results/.
 # ~17 minutes on one core of these machines (BENCH_BIG_BUDGET_S caps each big model).

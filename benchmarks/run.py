@@ -10,6 +10,7 @@ Models (inputs: the model input x / the input embeddings; parameters frozen,
 so stock and semiring backward compute the same thing: values for the inputs):
   mlp         64×256, 3 tanh layers (+ weights as inputs)
   attention   64 tokens, hidden 64, 4 heads, bmm + softmax by hand (+ weights)
+  cnn         4 × (3×3 conv + batch norm (eval) + ReLU), 32–64 channels, max/avg pooling, one 32×32 image
   bert-small  BertConfig(2 layers, hidden 128, 2 heads, ffn 512), eager attention, seq 128
   minilm      the real all-MiniLM-L6-v2 (6 layers, 384 hidden), seq 128, sdpa
   bert-base   BertConfig() (12 layers, 768 hidden, 12 heads), random weights, eager attention, seq 128
