@@ -27,6 +27,18 @@ def small_graph():
     return ((x @ w).tanh() * x[:, :2]).sum() + (x * x).sum(), [x, w]
 
 
+def tiny_cnn():
+    g = torch.Generator().manual_seed(3)
+    nn = torch.nn
+    net = nn.Sequential(nn.Conv2d(1, 2, 3, padding=1), nn.BatchNorm2d(2), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(2, 2, 2), nn.AvgPool2d(1), nn.Flatten(), nn.Linear(2, 1)).double().eval()
+    for p in net.parameters():
+        p.data = torch.randn(p.shape, generator=g, dtype=torch.float64)
+    net[1].running_var.fill_(0.7)
+    x = torch.randn(1, 1, 4, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    return net(x).sum(), [x, net[0].weight]
+
+
 def all_paths(out, inputs):
     """(input index, flat element, [edge weights]) of every path, by brute force."""
     graph = build_graph([out], inputs)
@@ -51,10 +63,10 @@ def flat_index(step):
 
 
 @pytest.mark.parametrize("semiring,k", [("viterbi", 1), ("max_abs", 1), ("max_prod", 1), ("kmax", 3), ("viterbi", 4)])
-@pytest.mark.parametrize("case", ["small", "broadcast", "mlp", "attention"])
+@pytest.mark.parametrize("case", ["small", "broadcast", "mlp", "attention", "cnn"])
 def test_top_paths_match_brute_force(case, semiring, k):
     build = {"small": small_graph, "broadcast": lambda: pointwise_broadcast()[:2],
-             "mlp": lambda: mlp3()[:2], "attention": lambda: attention_by_hand()[:2]}[case]
+             "mlp": lambda: mlp3()[:2], "attention": lambda: attention_by_hand()[:2], "cnn": tiny_cnn}[case]
     out, inputs = build()
     if isinstance(out, list):
         out = sum(o.sum() for o in out)
