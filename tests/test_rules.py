@@ -199,7 +199,8 @@ def convolutions():
     h = F.batch_norm(h, torch.randn(6, dtype=D), torch.rand(6, dtype=D) + 0.5, bn_w, bn_b, training=False)
     h2 = F.avg_pool2d(F.conv2d(x[0], w[:4, :, :2, :2], groups=2), 2, divisor_override=3)  # unbatched input
     y = F.conv1d(x1, w1, stride=2, padding=1).tanh()
-    return [h.sin(), h2, y], [x, x1, w, b, w1, bn_w, bn_b], None
+    a1, a2 = F.adaptive_avg_pool2d(x[:, :3], (3, 2)), F.adaptive_avg_pool2d(x[:1, 1:], 4)  # overlapping windows
+    return [h.sin(), h2, y, a1.exp(), a2], [x, x1, w, b, w1, bn_w, bn_b], None
 
 
 @pytest.mark.parametrize("conv", [torch.nn.Conv3d(2, 2, 2), torch.nn.ConvTranspose2d(2, 2, 2)], ids=["3d", "transposed"])
