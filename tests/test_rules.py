@@ -203,11 +203,16 @@ def convolutions():
     return [h.sin(), h2, y, a1.exp(), a2], [x, x1, w, b, w1, bn_w, bn_b], None
 
 
-@pytest.mark.parametrize("conv", [torch.nn.Conv3d(2, 2, 2), torch.nn.ConvTranspose2d(2, 2, 2)], ids=["3d", "transposed"])
-def test_convolutions_outside_the_rule_are_a_clear_error(conv):
-    x = torch.randn(1, 2, *([3] * (conv.weight.dim() - 2)), requires_grad=True)
-    with pytest.raises(NotImplementedError, match="1-D and 2-D, non-transposed"):
-        ts.grad(conv(x).sum(), x, semiring="viterbi")
+def convolutions_3d_and_transposed():
+    # conv3d + avg_pool3d, and transposed convolutions (stride, padding,
+    # output_padding, dilation, groups, bias) in 1-D and 2-D
+    x3, w3 = leaf(1, 2, 3, 4, 3), leaf(2, 2, 2, 2, 2, scale=0.6)
+    h3 = F.avg_pool3d(F.conv3d(x3, w3, padding=(1, 0, 1), stride=(1, 2, 1)), 2, stride=1, ceil_mode=True)
+    xt, wt, bt = leaf(2, 4, 3, 3), leaf(4, 1, 2, 3, scale=0.7), leaf(2)
+    ht = F.conv_transpose2d(xt, wt, bt, stride=2, padding=(1, 0), output_padding=1, groups=2, dilation=(1, 2))
+    x1, w1 = leaf(1, 2, 4), leaf(2, 3, 3)
+    h1 = F.conv_transpose1d(x1, w1, stride=3, padding=1)
+    return [h3.sin(), ht.tanh(), h1], [x3, w3, xt, wt, bt, x1, w1], None
 
 
 def test_batch_norm_training_on_large_channels_is_a_clear_error():
@@ -241,7 +246,7 @@ def batch_norm_training():
 
 
 CASES = [
-    convolutions, batch_norm_training,
+    convolutions, convolutions_3d_and_transposed, batch_norm_training,
     in_place_writes,
     softmaxes, layer_norms, attention_fused, embedding_and_losses,
     pointwise_broadcast, pointwise_zoo, parallel_edges, reductions, layout, contractions, selections,

@@ -1,14 +1,16 @@
-// Sliding-window ops over 1-D and 2-D spatial dims: convolution (input,
-// weight, bias; stride, padding, dilation, groups) and average pooling (fixed
-// and adaptive windows). Both
-// are written through im2col — the columns a window sees:
+// Sliding-window ops over 1–3 spatial dims: convolution (input, weight, bias;
+// stride, padding, dilation, groups; transposed too) and average pooling
+// (fixed and adaptive windows). Written through the windows an output reads
+// (im2col's columns, here by Tensor::unfold so any number of dims works):
 //   conv:  y[b, o, l] = Σ_j W[o, j] · cols[b, j, l] + bias[o]
 // so   input:   v_cols[b, j, l] = ⊕_o g[b, o, l] ⊗ lift(W[o, j])   (semiring matmul)
-//               v_x[b, c, p]    = ⊕ of v_cols over the (j, l) whose column entry is pixel p (⊕-scatter)
+//               v_x[b, c, p]    = ⊕ of v_cols over the (j, l) whose column entry is pixel p
+//                                 (col2im with ⊕: fold_windows)
 //      weight:  v_W[o, j]       = ⊕_{b,l} g[b, o, l] ⊗ lift(cols[b, j, l])   (semiring matmul)
 //      bias:    v_b[o]          = ⊕_{b,l} g[b, o, l]
-// The ⊕-scatter is col2im with ⊕ (fold_windows). Zero weights and padded
-// zeros lift to the semiring zero: no edge.
+// A transposed convolution is the same with the roles of input and output
+// swapped: each input element reads a window of the output's values. Zero
+// weights and padded zeros lift to the semiring zero: no edge.
 #include <torch/csrc/autograd/generated/Functions.h>
 
 #include "rule.h"
@@ -26,119 +28,182 @@ std::vector<int64_t> ints(const std::vector<c10::SymInt>& v) {
   return out;
 }
 
-// Window geometry in 2-D form (1-D ops get a unit height).
+// Window geometry over the S = 1…3 spatial dims.
 struct Windows {
-  std::vector<int64_t> kernel, stride, padding, dilation;
-  std::vector<int64_t> out_size;  // (out_h, out_w): the op's output (ceil_mode may add windows)
-
-  static std::vector<int64_t> as2d(std::vector<int64_t> v, int64_t fill) {
-    if (v.size() == 1) v.insert(v.begin(), fill);
-    return v;
-  }
-  Windows(std::vector<int64_t> k, std::vector<int64_t> s, std::vector<int64_t> p, std::vector<int64_t> d,
-          std::vector<int64_t> out)
-      : kernel(as2d(std::move(k), 1)),
-        stride(as2d(std::move(s), 1)),
-        padding(as2d(std::move(p), 0)),
-        dilation(as2d(std::move(d), 1)),
-        out_size(as2d(std::move(out), 1)) {}
-  int64_t K() const { return kernel[0] * kernel[1]; }
-  int64_t L() const { return out_size[0] * out_size[1]; }
+  std::vector<int64_t> kernel, stride, padding, dilation, out;  // out: windows per dim (the op's output)
+  int64_t dims() const { return (int64_t)kernel.size(); }
+  int64_t span(int64_t d) const { return (kernel[d] - 1) * dilation[d] + 1; }
+  int64_t K() const { return c10::multiply_integers(kernel); }
+  int64_t L() const { return c10::multiply_integers(out); }
 };
 
+Windows windows(std::vector<int64_t> kernel, std::vector<int64_t> stride, std::vector<int64_t> padding,
+                std::vector<int64_t> dilation, at::IntArrayRef out) {
+  const size_t S = kernel.size();
+  if (stride.empty()) stride = kernel;  // pooling's default
+  if (padding.size() == 1) padding.resize(S, padding[0]);
+  if (dilation.empty()) dilation.assign(S, 1);
+  return {std::move(kernel), std::move(stride), std::move(padding), std::move(dilation), out.vec()};
+}
+
+// The windows of t, whose spatial dims start at `first` and are already
+// padded: (…, K, L), kernel offsets before windows (im2col's order).
+Tensor windows_of(Tensor t, int64_t first, const Windows& w) {
+  const int64_t S = w.dims();
+  for (int64_t d = 0; d < S; ++d) t = t.unfold(first + d, w.span(d), w.stride[d]).narrow(first + d, 0, w.out[d]);
+  for (int64_t d = 0; d < S; ++d) t = t.slice(first + S + d, 0, INT64_MAX, w.dilation[d]);
+  std::vector<int64_t> order, sizes(t.sizes().begin(), t.sizes().begin() + first);
+  for (int64_t d = 0; d < first; ++d) order.push_back(d);
+  for (int64_t d = 0; d < S; ++d) order.push_back(first + S + d);
+  for (int64_t d = 0; d < S; ++d) order.push_back(first + d);
+  sizes.push_back(w.K());
+  sizes.push_back(w.L());
+  return t.permute(order).reshape(sizes);
+}
+
+// Every window of a plain tensor x (B, channels, *spatial), zero padded: (B, channels, K, L).
+Tensor windows_of_input(const Tensor& x, const Windows& w) {
+  std::vector<int64_t> pad;  // constant_pad_nd: last dim first
+  for (int64_t d = w.dims() - 1; d >= 0; --d) pad.insert(pad.end(), {w.padding[d], w.padding[d]});
+  return windows_of(at::constant_pad_nd(x, pad), 2, w);
+}
+
+// An image of semiring zeros (C, B, channels, *extent) with v (C, B, channels, *sizes) at `offset`.
+Tensor zero_padded(const Semiring& sr, const Tensor& v, const std::vector<int64_t>& offset,
+                   const std::vector<int64_t>& extent) {
+  std::vector<int64_t> shape{v.size(1), v.size(2)};
+  shape.insert(shape.end(), extent.begin(), extent.end());
+  auto image = sr.zero(shape, v.options());
+  auto inside = image;
+  for (size_t d = 0; d < offset.size(); ++d) inside = inside.narrow(3 + d, offset[d], v.size(3 + d));
+  inside.copy_(v);
+  return image;
+}
+
 // col2im with ⊕: window values v (C, B, channels, K, L) go back to the pixels
-// they read, (C, B, channels, height, width); K may be 1 when every entry of a
-// window carries the same value (average pooling). One ⊕ per kernel offset: for a
-// fixed offset the windows read distinct pixels, a strided slice of the padded
-// image. Entries that read padding are dropped; pixels no window reads stay zero.
-Tensor fold_windows(const Semiring& sr, const Tensor& v, const Windows& w, int64_t height, int64_t width) {
-  const int64_t C = v.size(0), B = v.size(1), channels = v.size(2);
-  const int64_t oh = w.out_size[0], ow = w.out_size[1];
-  auto reach = [&](int64_t d) {  // padded extent every window fits in (ceil_mode windows may overhang)
-    const int64_t size = d == 0 ? height : width;
-    return std::max(size + 2 * w.padding[d], (w.out_size[d] - 1) * w.stride[d] + (w.kernel[d] - 1) * w.dilation[d] + 1);
-  };
-  auto image = sr.zero({B, channels, reach(0), reach(1)}, v.options());
-  const bool shared = v.size(3) == 1;
-  auto entries = v.reshape({C, B, channels, v.size(3), oh, ow});
-  for (int64_t i = 0; i < w.kernel[0]; ++i)
-    for (int64_t j = 0; j < w.kernel[1]; ++j) {
-      auto slice = image.slice(3, i * w.dilation[0], i * w.dilation[0] + (oh - 1) * w.stride[0] + 1, w.stride[0])
-                       .slice(4, j * w.dilation[1], j * w.dilation[1] + (ow - 1) * w.stride[1] + 1, w.stride[1]);
-      slice.copy_(sr.oplus(slice, entries.select(3, shared ? 0 : i * w.kernel[1] + j)));
+// they read, (C, B, channels, *spatial); K may be 1 when every entry of a
+// window carries the same value (average pooling). One ⊕ per kernel offset:
+// for a fixed offset the windows read distinct pixels, a strided slice of the
+// padded image. Entries that read padding are dropped; pixels no window reads
+// stay zero.
+Tensor fold_windows(const Semiring& sr, const Tensor& v, const Windows& w, at::IntArrayRef spatial) {
+  const int64_t S = w.dims(), C = v.size(0), B = v.size(1), channels = v.size(2);
+  std::vector<int64_t> shape{B, channels};
+  for (int64_t d = 0; d < S; ++d)  // ceil_mode windows may overhang the padded input
+    shape.push_back(std::max(spatial[d] + 2 * w.padding[d], (w.out[d] - 1) * w.stride[d] + w.span(d)));
+  auto image = sr.zero(shape, v.options());
+  std::vector<int64_t> entries_shape{C, B, channels, v.size(3)};
+  entries_shape.insert(entries_shape.end(), w.out.begin(), w.out.end());
+  auto entries = v.reshape(entries_shape);
+  for (int64_t k = 0; k < w.K(); ++k) {
+    auto slice = image;
+    int64_t rest = k;  // k = row-major kernel offset
+    for (int64_t d = S - 1; d >= 0; --d) {
+      const int64_t at = (rest % w.kernel[d]) * w.dilation[d];
+      rest /= w.kernel[d];
+      slice = slice.slice(3 + d, at, at + (w.out[d] - 1) * w.stride[d] + 1, w.stride[d]);
     }
-  return image.narrow(3, w.padding[0], height).narrow(4, w.padding[1], width);
+    slice.copy_(sr.oplus(slice, entries.select(3, v.size(3) == 1 ? 0 : k)));
+  }
+  for (int64_t d = 0; d < S; ++d) image = image.narrow(3 + d, w.padding[d], spatial[d]);
+  return image;
+}
+
+std::vector<int64_t> value_shape(int64_t C, at::IntArrayRef shape) {
+  std::vector<int64_t> out{C};
+  out.insert(out.end(), shape.begin(), shape.end());
+  return out;
 }
 
 std::vector<Tensor> convolution_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
   auto& n = static_cast<ConvolutionBackward0&>(ctx.node);
   const auto& sr = ctx.semiring;
   auto weight = ctx.unpack(n.weight_);
-  const int64_t spatial = weight.dim() - 2;
-  TORCH_CHECK_NOT_IMPLEMENTED(!n.transposed && (spatial == 1 || spatial == 2), "torch_semiring: the semiring rule "
-                              "of ConvolutionBackward0 covers 1-D and 2-D, non-transposed convolutions; this one is ",
-                              spatial, "-D", n.transposed ? " transposed" : "", ". Register a rule with "
-                              "torch_semiring.register_rule('ConvolutionBackward0', rule) to extend it.");
-  const Tensor& g = grads[0];  // (C, B, Cout, *spatial): F.conv* batch an unbatched input before the op
-  const int64_t C = g.size(0);
-  const int64_t B = g.size(1), Cout = g.size(2), G = n.groups.expect_int();
-  Windows win(std::vector<int64_t>(weight.sizes().begin() + 2, weight.sizes().end()), ints(n.stride), ints(n.padding),
-              ints(n.dilation), std::vector<int64_t>(g.sizes().begin() + 3, g.sizes().end()));
-  const int64_t K = win.K(), L = win.L(), CinG = weight.size(1), CoutG = Cout / G;
+  const int64_t S = weight.dim() - 2;
+  const Tensor& g = grads[0];  // (C, B, Cout, *out): F.conv* batch an unbatched input before the op
+  const int64_t C = g.size(0), B = g.size(1), Cout = g.size(2), G = n.groups.expect_int();
+  const auto kernel = weight.sizes().slice(2).vec();
+  const int64_t CoutG = Cout / G, K = c10::multiply_integers(kernel);
+  const auto out_size = g.sizes().slice(3);
+  const int64_t L = c10::multiply_integers(out_size);
   auto gl = g.reshape({C, B, G, CoutG, L});
-  auto w = weight.reshape({G, CoutG, CinG * K});
   std::vector<Tensor> out(3);
-  if (ctx.needs(0)) {
-    const auto in_shape = ctx.input_shape(0);
-    const int64_t height = spatial == 2 ? in_shape[in_shape.size() - 2] : 1, width = in_shape.back();
-    // (C, B, G, L, CinG·K): ⊕ over each group's output channels
-    auto cols = sr.matmul(gl.permute({0, 1, 2, 4, 3}), w.unsqueeze(0).expand({B, G, CoutG, CinG * K}));
-    cols = cols.reshape({C, B, G, L, CinG, K}).permute({0, 1, 2, 4, 5, 3}).reshape({C, B, G * CinG, K, L});
-    auto v = fold_windows(sr, cols, win, height, width);
-    std::vector<int64_t> shape{C};
-    shape.insert(shape.end(), in_shape.begin(), in_shape.end());
-    out[0] = v.reshape(shape);
-  }
-  if (ctx.needs(1)) {
-    auto x = ctx.unpack(n.input_);
-    if (spatial == 1) x = x.unsqueeze(2);
-    auto cols = at::im2col(x, win.kernel, win.dilation, win.padding, win.stride)  // (B, Cin·K, windows)
-                    .view({B, G, CinG * K, -1})
-                    .narrow(3, 0, L);
-    // (C, G, CoutG, CinG·K): ⊕ over batch and positions
-    auto v = sr.matmul(gl.permute({0, 2, 3, 1, 4}).reshape({C, G, CoutG, B * L}),
-                       cols.permute({1, 0, 3, 2}).reshape({G, B * L, CinG * K}));
-    std::vector<int64_t> shape{C};
-    shape.insert(shape.end(), weight.sizes().begin(), weight.sizes().end());
-    out[1] = v.reshape(shape);
+  if (!n.transposed) {
+    // y[b, o, l] = Σ_j W[o, j] · windows[b, j, l]; W: (Cout, Cin/G, *kernel)
+    const int64_t CinG = weight.size(1);
+    auto win = windows(kernel, ints(n.stride), ints(n.padding), ints(n.dilation), out_size);
+    if (ctx.needs(0)) {
+      const auto in_shape = ctx.input_shape(0);
+      // (C, B, G, L, CinG·K): ⊕ over each group's output channels, then back to pixels
+      auto cols = sr.matmul(gl.permute({0, 1, 2, 4, 3}),
+                            weight.reshape({G, CoutG, CinG * K}).unsqueeze(0).expand({B, G, CoutG, CinG * K}));
+      cols = cols.reshape({C, B, G, L, CinG, K}).permute({0, 1, 2, 4, 5, 3}).reshape({C, B, G * CinG, K, L});
+      out[0] = fold_windows(sr, cols, win, at::IntArrayRef(in_shape).slice(2)).reshape(value_shape(C, in_shape));
+    }
+    if (ctx.needs(1)) {
+      auto cols = windows_of_input(ctx.unpack(n.input_), win).reshape({B, G, CinG * K, L});
+      // (C, G, CoutG, CinG·K): ⊕ over batch and positions
+      auto v = sr.matmul(gl.permute({0, 2, 3, 1, 4}).reshape({C, G, CoutG, B * L}),
+                         cols.permute({1, 0, 3, 2}).reshape({G, B * L, CinG * K}));
+      out[1] = v.reshape(value_shape(C, weight.sizes()));
+    }
+  } else {
+    // Transposed: y[b, o, (i·s − p + k·d)] += x[b, c, i] · W[c, o, k]; W: (Cin, Cout/G, *kernel).
+    // Input i reads the values of its outputs through a window over the
+    // output padded by p (semiring zeros): a convolution's geometry with the
+    // input's size as the window count.
+    const int64_t CinG = weight.size(0) / G;
+    const auto in_shape = ctx.needs(0) ? ctx.input_shape(0) : ctx.unpack(n.input_).sizes().vec();
+    const auto in_size = at::IntArrayRef(in_shape).slice(2);
+    const int64_t Li = c10::multiply_integers(in_size);
+    auto win = windows(kernel, ints(n.stride), std::vector<int64_t>(S, 0), ints(n.dilation), in_size);
+    auto padding = ints(n.padding);
+    if (padding.size() == 1) padding.resize(S, padding[0]);
+    std::vector<int64_t> extent;
+    for (int64_t d = 0; d < S; ++d)
+      extent.push_back(std::max((in_size[d] - 1) * win.stride[d] + win.span(d), padding[d] + out_size[d]));
+    // (C, B, G, CoutG·K, Li): what each input element's window of outputs holds
+    auto cols = windows_of(zero_padded(sr, g, padding, extent), 3, win).reshape({C, B, G, CoutG * K, Li});
+    auto w = weight.reshape({G, CinG, CoutG * K});
+    if (ctx.needs(0)) {
+      auto v = sr.matmul(cols.permute({0, 1, 2, 4, 3}), w.transpose(1, 2).unsqueeze(0).expand({B, G, CoutG * K, CinG}));
+      out[0] = v.permute({0, 1, 2, 4, 3}).reshape(value_shape(C, in_shape));  // (C, B, G, CinG, Li)
+    }
+    if (ctx.needs(1)) {
+      auto x = ctx.unpack(n.input_).reshape({B, G, CinG, Li});
+      auto v = sr.matmul(cols.permute({0, 2, 3, 1, 4}).reshape({C, G, CoutG * K, B * Li}),
+                         x.permute({1, 0, 3, 2}).reshape({G, B * Li, CinG}));  // (C, G, CoutG·K, CinG)
+      out[1] = v.reshape({C, G, CoutG, K, CinG}).permute({0, 1, 4, 2, 3}).reshape(value_shape(C, weight.sizes()));
+    }
   }
   if (ctx.needs(2)) out[2] = sr.oplus_reduce(gl.permute({0, 2, 3, 1, 4}).reshape({C, Cout, B * L}), {1}, false);
   return out;
 }
 
-// avg_pool2d: each output o averages its window with weight 1/divisor(o) per
-// input element. The weight is read off the op itself on ones: average / sum
-// of the real (non-padding) elements of the window.
-std::vector<Tensor> avg_pool2d_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
-  auto& n = static_cast<AvgPool2DBackward0&>(ctx.node);
+// avg_pool2d / avg_pool3d: each output o averages its window with weight
+// 1/divisor(o) per input element. The weight is read off the op itself on
+// ones: average / sum of the real (non-padding) elements of the window.
+template <class PoolNode, int S>
+std::vector<Tensor> avg_pool_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  auto& n = static_cast<PoolNode&>(ctx.node);
   if (!ctx.needs(0)) return {};
   const auto& sr = ctx.semiring;
   const auto in_shape = ctx.input_shape(0);
-  const int64_t height = in_shape[in_shape.size() - 2], width = in_shape.back();
-  Tensor g = grads[0];
-  const int64_t C = g.size(0), planes = g[0].numel() / (g.size(-1) * g.size(-2));
-  auto stride = n.stride.empty() ? n.kernel_size : n.stride;
-  Windows win(n.kernel_size, stride, n.padding, {1, 1}, {g.size(-2), g.size(-1)});
-  auto ones = at::ones({1, 1, height, width}, g.options().dtype(at::kDouble));
-  auto avg = at::avg_pool2d(ones, n.kernel_size, stride, n.padding, n.ceil_mode, n.count_include_pad,
-                            n.divisor_override);
-  auto sum = at::avg_pool2d(ones, n.kernel_size, stride, n.padding, n.ceil_mode, true, 1);
-  auto weight = (avg / sum).to(g.scalar_type()).view({1, win.L()});
-  auto gw = sr.otimes_edge(g.reshape({C, 1, planes, 1, win.L()}), weight);
-  auto v = fold_windows(sr, gw, win, height, width);
-  std::vector<int64_t> shape{C};
-  shape.insert(shape.end(), in_shape.begin(), in_shape.end());
-  return {v.reshape(shape)};
+  const auto spatial = at::IntArrayRef(in_shape).slice(in_shape.size() - S);
+  const Tensor& g = grads[0];
+  const auto out_size = g.sizes().slice(g.dim() - S);
+  const int64_t C = g.size(0), L = c10::multiply_integers(out_size), planes = g[0].numel() / L;
+  auto win = windows(n.kernel_size, n.stride, n.padding, {}, out_size);
+  std::vector<int64_t> one_plane{1, 1};
+  one_plane.insert(one_plane.end(), spatial.begin(), spatial.end());
+  auto ones = at::ones(one_plane, g.options().dtype(at::kDouble));
+  auto pool = [&](bool count_include_pad, std::optional<int64_t> divisor) {
+    return S == 2 ? at::avg_pool2d(ones, n.kernel_size, win.stride, n.padding, n.ceil_mode, count_include_pad, divisor)
+                  : at::avg_pool3d(ones, n.kernel_size, win.stride, n.padding, n.ceil_mode, count_include_pad, divisor);
+  };
+  auto weight = (pool(n.count_include_pad, n.divisor_override) / pool(true, 1)).to(g.scalar_type()).view({1, L});
+  auto gw = sr.otimes_edge(g.reshape({C, 1, planes, 1, L}), weight);
+  return {fold_windows(sr, gw, win, spatial).reshape(value_shape(C, in_shape))};
 }
 
 // adaptive_avg_pool2d: output (i, j) averages rows [⌊iH/OH⌋, ⌈(i+1)H/OH⌉) ×
@@ -183,7 +248,8 @@ std::vector<Tensor> adaptive_avg_pool2d_rule(const RuleContext& ctx, const std::
 void register_convolution_rules() {
   register_rule("AdaptiveAvgPool2DBackward0", adaptive_avg_pool2d_rule, "convolution");
   register_rule("ConvolutionBackward0", convolution_rule, "convolution");
-  register_rule("AvgPool2DBackward0", avg_pool2d_rule, "convolution");
+  register_rule("AvgPool2DBackward0", avg_pool_rule<AvgPool2DBackward0, 2>, "convolution");
+  register_rule("AvgPool3DBackward0", avg_pool_rule<AvgPool3DBackward0, 3>, "convolution");
 }
 
 }  // namespace torch_semiring
