@@ -239,6 +239,20 @@ def test_small_cnn_runs_in_every_semiring():
         assert v.shape[:4] == x.shape and not torch.isnan(v).all()
 
 
+def resampling():
+    # interpolating resampling: one case per mode, with align_corners, scale
+    # factors and downsampling (the antialiased variants have no rule)
+    x, x1, x3 = leaf(1, 2, 3, 4), leaf(1, 2, 4), leaf(1, 1, 2, 2, 3)
+    outs = [
+        F.interpolate(x, scale_factor=(2, 1.5), mode="bilinear"),
+        F.interpolate(x, size=(5, 3), mode="bicubic", align_corners=True).sin(),
+        F.interpolate(x, size=(2, 3), mode="bilinear"),
+        F.interpolate(x1, scale_factor=1.75, mode="linear"),
+        F.interpolate(x3, size=(3, 3, 4), mode="trilinear", align_corners=True).tanh(),
+    ]
+    return outs, [x, x1, x3], None
+
+
 def batch_norm_training():
     x = leaf(3, 2, 2, 2)
     w, b = leaf(2), leaf(2)
@@ -246,7 +260,7 @@ def batch_norm_training():
 
 
 CASES = [
-    convolutions, convolutions_3d_and_transposed, batch_norm_training,
+    convolutions, convolutions_3d_and_transposed, batch_norm_training, resampling,
     in_place_writes,
     softmaxes, layer_norms, attention_fused, embedding_and_losses,
     pointwise_broadcast, pointwise_zoo, parallel_edges, reductions, layout, contractions, selections,

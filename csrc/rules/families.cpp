@@ -316,6 +316,7 @@ void register_linear_algebra_rules();  // linear_algebra.cpp
 void register_softmax_rules();         // softmax.cpp
 void register_in_place_rules();        // in_place.cpp
 void register_convolution_rules();     // convolution.cpp
+void register_resampling_rules();      // resampling.cpp
 void register_normalization_rules();   // normalization.cpp
 void register_attention_rules();       // attention.cpp
 void register_generated_rules();       // build/generated/generated_rules.cpp (tools/gen_semiring_rules.py)
@@ -399,6 +400,7 @@ void register_builtin_rules() {
   register_softmax_rules();
   register_in_place_rules();
   register_convolution_rules();
+  register_resampling_rules();
   register_normalization_rules();
   register_attention_rules();
   // Last, and only for names still without a rule: generic and hand-written rules win.

@@ -236,14 +236,15 @@ def test_in_place_writes_through_pytorchs_engine(semiring):
 
 
 @pytest.mark.parametrize("semiring", ["viterbi", "entropy", "kmax"])
-def test_convolutions_through_pytorchs_engine(semiring):
-    from test_rules import convolutions
+@pytest.mark.parametrize("case", ["convolutions", "resampling"])
+def test_convolutions_through_pytorchs_engine(case, semiring):
+    import test_rules
 
-    outs, inputs, _ = convolutions()
+    outs, inputs, _ = getattr(test_rules, case)()
     params = {"k": 2} if semiring == "kmax" else {}
     outs = [o.sum() for o in outs]
     want = ts.grad(outs, inputs, semiring=semiring, retain_graph=True, **params)
     with torch.autograd.semiring(semiring, **params):
         got = torch.autograd.grad(outs, inputs)
     for i, (g, w) in enumerate(zip(got, want)):
-        close(g, w, f"convolutions/{semiring} input {i}")
+        close(g, w, f"{case}/{semiring} input {i}")
