@@ -9,6 +9,7 @@
 #include "../engine/engine.h"
 #include "../hooks/engine_hooks.h"
 #include "../kernels/cpu_gemm.h"
+#include "../kernels/line_envelope.h"
 #include "../rules/rule.h"
 #include "../semiring/semiring.h"
 
@@ -227,6 +228,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // argmax provenance for path extraction, and which ISA runs (for tests).
   m.def("kernel_max_matmul_argmax", &kernels::max_matmul_argmax, py::arg("semiring"), py::arg("g"), py::arg("w"));
   m.def("kernel_isa", &kernels::kernel_isa);
+  m.def("kernel_max_abs_affine", &kernels::max_abs_affine, py::arg("s"), py::arg("u"), py::arg("v"), py::arg("t"));
   m.def("kernel_calls", &kernels::kernel_calls);
   m.def("exp_shift_stats", &kernels::exp_shift_stats);
   // One kernel by semiring name, None where it does not apply (the semiring's

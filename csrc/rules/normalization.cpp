@@ -2,9 +2,10 @@
 // with x̂ the normalized input, r = 1/std and c_i = w_i·r:
 //     layer norm:  J[i, j] = c_i (δ_ij − 1/N − x̂_i x̂_j / N)
 //     RMS norm:    J[i, j] = c_i (δ_ij −       x̂_i x̂_j / N)
-// The off-diagonal part is rank 2, which no lift factors through, so each
-// row's N×N block is built — a chunk of rows at a time, never the Jacobian of
-// the whole tensor — and contracted with the semiring's batched matmul.
+// The off-diagonal part is rank 2, which no lift factors through: it goes
+// through Semiring::affine_matmul — by default each row's N×N block, a chunk of
+// rows at a time (never the Jacobian of the whole tensor); the max semirings
+// take an upper envelope of lines instead (O(N log N) a row).
 // weight: one edge x̂ per element (⊕ over rows by the engine's broadcast
 // reduction); bias: one edge of weight 1.
 // Batch norm normalizes each channel over the batch and spatial dims: with
@@ -21,24 +22,19 @@ using namespace torch::autograd::generated;
 
 namespace {
 
-// Value of the normalized input. g, x_hat: shape (*rows, N…); scale: c (same shape).
+// Value of the normalized input. g, x_hat: shape (*rows, N…); scale: c (same
+// shape). J = diag(c (1 − [centered]/N − x̂²/N)) plus the off-diagonal
+// c_i (−[centered]/N − x̂_i x̂_j / N), an affine function of x̂_j per row.
 Tensor normalized_input_value(const Semiring& sr, const Tensor& g, const Tensor& x_hat, const Tensor& scale,
                               int64_t N, bool centered) {
   const int64_t C = g.size(0), rows = x_hat.numel() / std::max<int64_t>(N, 1);
   auto xh = x_hat.reshape({rows, N});
   auto c = scale.reshape({rows, N});
-  auto gv = g.reshape({C, rows, 1, N});
-  auto eye = at::eye(N, xh.options());
-  const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(N * N, 1));
-  std::vector<Tensor> parts;
-  for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-    const int64_t R = std::min(chunk, rows - r0);
-    auto xr = xh.narrow(0, r0, R);
-    auto outer = xr.unsqueeze(2) * xr.unsqueeze(1) / double(N);  // (R, N_i, N_j)
-    auto J = c.narrow(0, r0, R).unsqueeze(2) * (eye - outer - (centered ? 1.0 / double(N) : 0.0));
-    parts.push_back(sr.matmul(gv.narrow(1, r0, R), J));  // (C, R, 1, N): ⊕ over i
-  }
-  return at::cat(parts, 1).reshape(g.sizes());
+  auto gv = g.reshape({C, rows, N});
+  const double mean_part = centered ? 1.0 / double(N) : 0.0;
+  auto off_diagonal = sr.affine_matmul(gv, -c * mean_part, -c * xh / double(N), xh);
+  auto diagonal = sr.otimes_edge(gv, c * (1.0 - mean_part - xh * xh / double(N)));
+  return sr.oplus(off_diagonal, diagonal).reshape(g.sizes());
 }
 
 std::vector<Tensor> normalization(const RuleContext& ctx, const Tensor& g, const Tensor& x_hat, const Tensor& rstd,

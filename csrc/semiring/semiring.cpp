@@ -177,6 +177,20 @@ Tensor Semiring::exclusive_oplus(const Tensor& v, int64_t dim) const {
   return oplus(before, after);
 }
 
+Tensor Semiring::affine_matmul(const Tensor& g, const Tensor& u, const Tensor& v, const Tensor& t) const {
+  const int64_t R = g.size(1), N = g.size(2);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(N * N, 1));
+  auto diagonal = at::eye(N, u.options().dtype(at::kBool));
+  std::vector<Tensor> parts;
+  for (int64_t r0 = 0; r0 < R; r0 += chunk) {
+    const int64_t rows = std::min(chunk, R - r0);
+    auto w = u.narrow(0, r0, rows).unsqueeze(2) + v.narrow(0, r0, rows).unsqueeze(2) * t.narrow(0, r0, rows).unsqueeze(1);
+    w = w.masked_fill(diagonal, 0);  // weight 0: no edge i → i here
+    parts.push_back(matmul(g.narrow(1, r0, rows).unsqueeze(2), w).squeeze(2));  // (C, rows, N): ⊕ over i
+  }
+  return at::cat(parts, 1);
+}
+
 Tensor Semiring::prefix_oplus(const Tensor& v, int64_t dim, bool reverse) const {
   const int64_t d = at::maybe_wrap_dim(dim, v.dim() - 1) + 1;
   if (!reverse) return doubling_scan(*this, v, d);
