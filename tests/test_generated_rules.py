@@ -50,6 +50,9 @@ def compare_inplace(method):
     return case
 
 
+COMPARISONS = ("eq", "ge", "gt", "le", "lt", "ne")
+
+
 def zero_rule(make):
     """An op whose output does not depend on x (random fills, comparisons): no edges from x."""
     def case():
@@ -201,18 +204,10 @@ CASES = {
     "FillBackward0": zero_rule(lambda t: aten.fill(t, 2.0)),
     "FillBackward2": zero_rule(lambda t: t.fill_(2.0)),
     "ZeroBackward0": zero_rule(lambda t: t.zero_()),
-    "EqBackward0": zero_rule(lambda t: t.eq_(0.5)),
-    "EqBackward1": compare_inplace("eq_"),
-    "GeBackward0": zero_rule(lambda t: t.ge_(0.0)),
-    "GeBackward1": compare_inplace("ge_"),
-    "GtBackward0": zero_rule(lambda t: t.gt_(0.0)),
-    "GtBackward1": compare_inplace("gt_"),
-    "LeBackward0": zero_rule(lambda t: t.le_(0.0)),
-    "LeBackward1": compare_inplace("le_"),
-    "LtBackward0": zero_rule(lambda t: t.lt_(0.0)),
-    "LtBackward1": compare_inplace("lt_"),
-    "NeBackward0": zero_rule(lambda t: t.ne_(0.0)),
-    "NeBackward1": compare_inplace("ne_"),
+    # in-place comparisons: with a scalar (…Backward0: no edges) and with a tensor (…Backward1)
+    **{f"{op.capitalize()}Backward0": zero_rule(lambda t, op=op: getattr(t, f"{op}_")(0.5 if op == "eq" else 0.0))
+       for op in COMPARISONS},
+    **{f"{op.capitalize()}Backward1": compare_inplace(f"{op}_") for op in COMPARISONS},
 }
 
 # Generated nodes no CPU float64 forward pass here can create.
