@@ -305,17 +305,12 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
     const auto& edges = node.next_edges();
     std::vector<at::Tensor> outputs;
     const bool any_value = std::any_of(grads.begin(), grads.end(), [](const at::Tensor& t) { return t.defined(); });
-    const RuleEntry* entry = nullptr;
     if (any_value) {
-      entry = &rule_for(node, sr);
-      if (log_sink()) log_sink()(describe(node, grads, entry));
-      RuleContext ctx{node, sr, opt.create_graph, std::vector<bool>(edges.size(), false)};
+      if (log_sink()) log_sink()(describe(node, grads, &rule_for(node, sr)));
+      std::vector<bool> needed(edges.size(), false);
       for (size_t j = 0; j < edges.size(); ++j)
-        ctx.needed[j] = edges[j].is_valid() && g.leads[g.index.at(edges[j].function.get())];
-      outputs = entry->rule(ctx, grads);
-      TORCH_CHECK(outputs.size() <= edges.size(),
-                  "torch_semiring: the rule of ", node.name(), " returned ", outputs.size(),
-                  " values for ", edges.size(), " inputs");
+        needed[j] = edges[j].is_valid() && g.leads[g.index.at(edges[j].function.get())];
+      outputs = apply_rule(node, sr, std::move(needed), grads, opt.create_graph);
     }
     for (size_t j = 0; j < edges.size(); ++j) {
       const auto& e = edges[j];

@@ -92,16 +92,13 @@ void node_apply(void* self, void* grads_ptr, void* result, void* /*original*/) {
   const auto& edges = node.next_edges();
   variable_list outputs(edges.size());
   if (any_value) {
-    const RuleEntry& entry = rule_for(node, sr);
-    RuleContext ctx{node, sr, at::GradMode::is_enabled(), std::vector<bool>(edges.size(), false)};
-    for (size_t j = 0; j < edges.size(); ++j) ctx.needed[j] = edges[j].is_valid() && node.task_should_compute_output(j);
+    std::vector<bool> needed(edges.size(), false);
+    for (size_t j = 0; j < edges.size(); ++j) needed[j] = edges[j].is_valid() && node.task_should_compute_output(j);
     std::vector<at::Tensor> out;
     {
       PreloadSuspended stock;  // the rule may call the node's own backward
-      out = entry.rule(ctx, values);
+      out = apply_rule(node, sr, std::move(needed), values, at::GradMode::is_enabled());
     }
-    TORCH_CHECK(out.size() <= edges.size(), "torch_semiring: the rule of ", node.name(), " returned ", out.size(),
-                " values for ", edges.size(), " inputs");
     // Shapes stay as the rule made them (the engine's validate_outputs then
     // calls reduce_grad for broadcast ones); dtypes become the inputs'.
     for (size_t j = 0; j < out.size(); ++j)

@@ -1,4 +1,7 @@
-// The rule registry (node name → rule) and the RuleContext helpers rules use.
+// The rule registry (node name → rule), the one function that applies a rule,
+// and the RuleContext helpers rules use.
+#include <ATen/record_function.h>
+
 #include <mutex>
 #include <unordered_map>
 
@@ -44,6 +47,19 @@ const RuleEntry& rule_for(const Node& node, const Semiring& sr) {
                               "torch_semiring.register_rule('", node.name(), "', rule) — see the "
                               "README section 'Writing a rule'.");
   return *entry;
+}
+
+std::vector<at::Tensor> apply_rule(Node& node, const Semiring& sr, std::vector<bool> needed,
+                                   const std::vector<at::Tensor>& values, bool create_graph) {
+  const RuleEntry& entry = rule_for(node, sr);
+  at::RecordFunction range(at::RecordScope::USER_SCOPE);
+  if (range.isActive()) range.before("ts::" + entry.family + "::" + node.name());
+  const size_t edges = node.next_edges().size();
+  RuleContext ctx{node, sr, create_graph, std::move(needed)};
+  auto out = entry.rule(ctx, values);
+  TORCH_CHECK(out.size() <= edges, "torch_semiring: the rule of ", node.name(), " returned ", out.size(),
+              " values for ", edges, " inputs");
+  return out;
 }
 
 const RuleEntry& stock_backward_rule() {

@@ -62,6 +62,16 @@ std::vector<std::pair<std::string, std::string>> registered_rules();  // (node n
 // one is a clear NotImplementedError naming it and how to register a rule.
 const RuleEntry& rule_for(const Node& node, const Semiring& semiring);
 
+// Applies `node`'s rule in `semiring` to the values arriving at its outputs —
+// the one place both routes (the out-of-tree engine and the stock-engine
+// hooks) run a rule, so their behaviour and errors cannot drift apart.
+// needed[j]: next edge j leads to a requested input. Each call runs inside a
+// profiler range "ts::<family>::<node name>" (torch.profiler shows where a
+// semiring backward spends its time; free when no profiler is active).
+// Returns one value per next edge (undefined = zero), already checked for count.
+std::vector<at::Tensor> apply_rule(Node& node, const Semiring& semiring, std::vector<bool> needed,
+                                   const std::vector<at::Tensor>& values, bool create_graph);
+
 // The node's own backward, for semirings whose values are plain gradients.
 const RuleEntry& stock_backward_rule();
 
