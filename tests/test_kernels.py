@@ -333,30 +333,3 @@ def test_engine_reaches_kernels(name):
     assert _C.kernel_calls() == before
     for a, b in zip(out, slow):
         torch.testing.assert_close(a, b.detach(), rtol=1e-9, atol=1e-9, equal_nan=True)
-
-
-# ---- the line envelope behind the max semirings' normalisation rules ---------
-
-
-def _max_abs_affine_brute(s, u, v, t):
-    w = (u.unsqueeze(2) + v.unsqueeze(2) * t.unsqueeze(1)).abs() * s.unsqueeze(2)  # (R, i, j)
-    n = s.shape[1]
-    w = w.masked_fill(torch.eye(n, dtype=torch.bool), 0)
-    return w.amax(1)
-
-
-@pytest.mark.parametrize("seed", range(12))
-def test_line_envelope_equals_brute_force(seed):
-    g = torch.Generator().manual_seed(seed)
-    R, N = 5, [1, 2, 3, 7, 16, 33][seed % 6]
-    s = torch.rand(R, N, generator=g, dtype=torch.float64)
-    s[s < 0.2] = 0  # no edge from those
-    u = torch.randn(R, N, generator=g, dtype=torch.float64)
-    v = torch.randn(R, N, generator=g, dtype=torch.float64)
-    t = torch.randn(R, N, generator=g, dtype=torch.float64) * (10 if seed % 3 == 0 else 1)  # outliers: own line wins
-    if seed % 4 == 1:  # ties: repeated slopes, intercepts and queries
-        v[:, 1::2] = v[:, ::2][:, : v[:, 1::2].shape[1]]
-        t[:, 1::2] = t[:, ::2][:, : t[:, 1::2].shape[1]]
-        u[:, -1] = u[:, 0]
-    got = _C.kernel_max_abs_affine(s, u, v, t)
-    torch.testing.assert_close(got, _max_abs_affine_brute(s, u, v, t), rtol=1e-12, atol=1e-14)

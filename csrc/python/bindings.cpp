@@ -9,7 +9,6 @@
 #include "../engine/engine.h"
 #include "../hooks/engine_hooks.h"
 #include "../kernels/cpu_gemm.h"
-#include "../kernels/line_envelope.h"
 #include "../rules/rule.h"
 #include "../semiring/semiring.h"
 
@@ -141,6 +140,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       }, py::arg("value"), py::arg("dims"), py::arg("keepdim") = false)
       .def("matmul", &Semiring::matmul)
       .def("scatter_oplus", &Semiring::scatter_oplus)
+      .def("exclusive_oplus", &Semiring::exclusive_oplus, py::arg("value"), py::arg("dim"))
+      .def("norm_offdiagonal", &Semiring::norm_offdiagonal, py::arg("a"), py::arg("x"))
+      // The interface's generic (block) version, which kernels are tested against.
+      .def("generic_norm_offdiagonal", [](const Semiring& s, const at::Tensor& a, const at::Tensor& x) {
+        return s.Semiring::norm_offdiagonal(a, x);
+      }, py::arg("a"), py::arg("x"))
       .def("readout", &Semiring::readout)
       .def("parts", [](const Semiring& s) {
         std::vector<std::shared_ptr<Semiring>> out;
@@ -228,7 +233,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // argmax provenance for path extraction, and which ISA runs (for tests).
   m.def("kernel_max_matmul_argmax", &kernels::max_matmul_argmax, py::arg("semiring"), py::arg("g"), py::arg("w"));
   m.def("kernel_isa", &kernels::kernel_isa);
-  m.def("kernel_max_abs_affine", &kernels::max_abs_affine, py::arg("s"), py::arg("u"), py::arg("v"), py::arg("t"));
   m.def("kernel_calls", &kernels::kernel_calls);
   m.def("exp_shift_stats", &kernels::exp_shift_stats);
   // One kernel by semiring name, None where it does not apply (the semiring's

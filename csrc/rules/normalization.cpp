@@ -1,11 +1,15 @@
 // native_layer_norm, _fused_rms_norm and native_batch_norm. Per normalized row (N elements),
 // with x̂ the normalized input, r = 1/std and c_i = w_i·r:
-//     layer norm:  J[i, j] = c_i (δ_ij − 1/N − x̂_i x̂_j / N)
-//     RMS norm:    J[i, j] = c_i (δ_ij −       x̂_i x̂_j / N)
-// The off-diagonal part is rank 2, which no lift factors through: it goes
-// through Semiring::affine_matmul — by default each row's N×N block, a chunk of
-// rows at a time (never the Jacobian of the whole tensor); the max semirings
-// take an upper envelope of lines instead (O(N log N) a row).
+//     layer norm:  J[i, j] = c_i (δ_ij − (1 + x̂_i x̂_j) / N)
+//     RMS norm:    J[i, j] = c_i (δ_ij −       x̂_i x̂_j  / N)
+// Off the diagonal both factor through lift(ab) = lift(a) ⊗ lift(b):
+//     layer norm:  ⊕_{i≠j} (g_i ⊗ lift(−c_i/N)) ⊗ lift(1 + x̂_i x̂_j)
+//                  = Semiring::norm_offdiagonal — O(N log N) a row in the
+//                  built-in semirings (kernels/norm_rows: sorted range sums,
+//                  envelopes of lines; entropy adds an O(N²) block-free pass);
+//     RMS norm:    lift(x̂_j) ⊗ ⊕_{i≠j} (g_i ⊗ lift(−c_i x̂_i/N)), an "all but
+//                  me" ⊕ (Semiring::exclusive_oplus): O(N) a row.
+// The stock backward costs O(N) a row; the diagonal is one element-wise ⊗.
 // weight: one edge x̂ per element (⊕ over rows by the engine's broadcast
 // reduction); bias: one edge of weight 1.
 // Batch norm normalizes each channel over the batch and spatial dims: with
@@ -23,17 +27,22 @@ using namespace torch::autograd::generated;
 namespace {
 
 // Value of the normalized input. g, x_hat: shape (*rows, N…); scale: c (same
-// shape). J = diag(c (1 − [centered]/N − x̂²/N)) plus the off-diagonal
-// c_i (−[centered]/N − x̂_i x̂_j / N), an affine function of x̂_j per row.
+// shape).
 Tensor normalized_input_value(const Semiring& sr, const Tensor& g, const Tensor& x_hat, const Tensor& scale,
                               int64_t N, bool centered) {
   const int64_t C = g.size(0), rows = x_hat.numel() / std::max<int64_t>(N, 1);
   auto xh = x_hat.reshape({rows, N});
   auto c = scale.reshape({rows, N});
   auto gv = g.reshape({C, rows, N});
-  const double mean_part = centered ? 1.0 / double(N) : 0.0;
-  auto off_diagonal = sr.affine_matmul(gv, -c * mean_part, -c * xh / double(N), xh);
-  auto diagonal = sr.otimes_edge(gv, c * (1.0 - mean_part - xh * xh / double(N)));
+  const double n = double(N);
+  Tensor off_diagonal, diagonal;
+  if (centered) {
+    off_diagonal = sr.norm_offdiagonal(sr.otimes_edge(gv, c / -n), xh);
+    diagonal = sr.otimes_edge(gv, c * (1.0 - (1.0 + xh * xh) / n));
+  } else {
+    off_diagonal = sr.otimes_edge(sr.exclusive_oplus(sr.otimes_edge(gv, c * xh / -n), -1), xh);
+    diagonal = sr.otimes_edge(gv, c * (1.0 - xh * xh / n));
+  }
   return sr.oplus(off_diagonal, diagonal).reshape(g.sizes());
 }
 
@@ -109,10 +118,6 @@ std::vector<Tensor> batch_norm_rule(const RuleContext& ctx, const std::vector<Te
       out[0] = sr.otimes_edge(g, scale);
     } else {
       const int64_t M = x.numel() / channels;
-      TORCH_CHECK_NOT_IMPLEMENTED(M <= 4096, "torch_semiring: batch norm in training mode couples all ", M,
-                                  " elements of a channel (batch × spatial), whose ", M, "×", M, " Jacobian block "
-                                  "is too large to build; call model.eval() so that batch norm normalizes with "
-                                  "its running statistics (a diagonal Jacobian)");
       // channels as rows: (C, B, ch, *S) → (C, ch, B·S), and back
       auto g_rows = g.movedim(2, 1);
       auto rows = normalized_input_value(sr, g_rows.reshape({C, channels, M}),

@@ -2,11 +2,18 @@
 #pragma once
 #include "sum_product.h"
 
+#include "kernels/norm_rows.h"
+
 namespace torch_semiring {
 
 class AbsSemiring final : public SumProductSemiring {
  public:
   std::string name() const override { return "abs"; }
+  // Σ_{i≠j} a_i |1 + x_i x_j|: sorted prefix sums (kernels/norm_rows).
+  Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
+    auto fast = kernels::sum_rows(a.select(0, 0), x, /*nonzero=*/false);
+    return fast.defined() ? fast.to(a.scalar_type()).unsqueeze(0) : Semiring::norm_offdiagonal(a, x);
+  }
 
  protected:
   Tensor do_lift(const Tensor& w) const override { return w.abs().unsqueeze(0); }

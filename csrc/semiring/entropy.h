@@ -10,6 +10,7 @@
 #include "semiring.h"
 
 #include "kernels/cpu_gemm.h"
+#include "kernels/norm_rows.h"
 
 namespace torch_semiring {
 
@@ -25,6 +26,12 @@ class EntropySemiring final : public Semiring {
   Tensor matmul(const Tensor& g, const Tensor& w) const override {
     auto fast = kernels::entropy_matmul(g, w);
     return fast.defined() ? fast : Semiring::matmul(g, w);
+  }
+  // Z by sorted prefix sums, its |y| log|y| term by a direct symmetric pass (kernels/norm_rows).
+  Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
+    auto fast = kernels::entropy_rows(a.select(0, 0), a.select(0, 1), x);
+    if (!std::get<0>(fast).defined()) return Semiring::norm_offdiagonal(a, x);
+    return at::stack({std::get<0>(fast), std::get<1>(fast)}).to(a.scalar_type());
   }
 
  protected:

@@ -4,6 +4,7 @@
 #include "log_space.h"
 
 #include "kernels/cpu_gemm.h"
+#include "kernels/norm_rows.h"
 
 namespace torch_semiring {
 
@@ -14,6 +15,11 @@ class LogSemiring final : public LogSpaceSemiring {
   Tensor matmul(const Tensor& g, const Tensor& w) const override {
     auto fast = kernels::log_matmul(g, w);
     return fast.defined() ? fast : Semiring::matmul(g, w);
+  }
+  // log Σ_{i≠j} e^{a_i}|1 + x_i x_j|: shifted into linear space, sorted prefix sums (kernels/norm_rows).
+  Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
+    auto fast = kernels::logsumexp_rows(a.select(0, 0), x);
+    return fast.defined() ? fast.to(a.scalar_type()).unsqueeze(0) : Semiring::norm_offdiagonal(a, x);
   }
 
   // Shift by the per-target maximum, add exponentials, shift back: one pass

@@ -4,7 +4,7 @@
 #include "semiring.h"
 
 #include "kernels/cpu_gemm.h"
-#include "kernels/line_envelope.h"
+#include "kernels/norm_rows.h"
 
 namespace torch_semiring {
 
@@ -19,10 +19,10 @@ class MaxAbsSemiring final : public Semiring {
     auto fast = kernels::max_times_matmul(g, w);
     return fast.defined() ? fast : Semiring::matmul(g, w);
   }
-  // max_i g_i·|u_i + v_i t_j|: an upper envelope of lines (values are ≥ 0).
-  Tensor affine_matmul(const Tensor& g, const Tensor& u, const Tensor& v, const Tensor& t) const override {
-    if (!g.device().is_cpu()) return Semiring::affine_matmul(g, u, v, t);
-    return kernels::max_abs_affine(g.select(0, 0), u, v, t).to(g.scalar_type()).unsqueeze(0);
+  // max_{i≠j} a_i·|1 + x_i x_j|: an upper envelope of lines (kernels/norm_rows).
+  Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
+    auto fast = kernels::max_rows(a.select(0, 0), x, /*log_space=*/false);
+    return fast.defined() ? fast.to(a.scalar_type()).unsqueeze(0) : Semiring::norm_offdiagonal(a, x);
   }
   Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
     return at::zeros({src.size(0), numel}, src.options())

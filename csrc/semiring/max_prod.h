@@ -7,6 +7,7 @@
 #include "semiring.h"
 
 #include "kernels/cpu_gemm.h"
+#include "kernels/norm_rows.h"
 
 namespace torch_semiring {
 
@@ -19,6 +20,13 @@ class MaxProdSemiring final : public Semiring {
   Tensor matmul(const Tensor& g, const Tensor& w) const override {
     auto fast = kernels::max_prod_matmul(g, w);
     return fast.defined() ? fast : Semiring::matmul(g, w);
+  }
+  // (max, min)_{i≠j} of M_i y_ij, m_i y_ij (y = 1 + x_i x_j): upper and lower
+  // envelopes of lines (kernels/norm_rows).
+  Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
+    auto fast = kernels::signed_max_rows(a.select(0, 0), a.select(0, 1), x);
+    if (!std::get<0>(fast).defined()) return Semiring::norm_offdiagonal(a, x);
+    return at::stack({std::get<0>(fast), std::get<1>(fast)}).to(a.scalar_type());
   }
   Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
     auto inf = std::numeric_limits<double>::infinity();

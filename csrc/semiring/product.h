@@ -34,6 +34,15 @@ class ProductSemiring final : public Semiring {
   Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
     return map1(src, [&](const Semiring& s, const Tensor& x) { return s.scatter_oplus(x, index, numel); });
   }
+  Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
+    return map1(a, [&](const Semiring& s, const Tensor& v) { return s.norm_offdiagonal(v, x); });
+  }
+  Tensor exclusive_oplus(const Tensor& v, int64_t dim) const override {
+    return map1(v, [&](const Semiring& s, const Tensor& p) { return s.exclusive_oplus(p, dim); });
+  }
+  Tensor prefix_oplus(const Tensor& v, int64_t dim, bool reverse) const override {
+    return map1(v, [&](const Semiring& s, const Tensor& p) { return s.prefix_oplus(p, dim, reverse); });
+  }
 
  protected:
   template <class F>

@@ -177,16 +177,20 @@ Tensor Semiring::exclusive_oplus(const Tensor& v, int64_t dim) const {
   return oplus(before, after);
 }
 
-Tensor Semiring::affine_matmul(const Tensor& g, const Tensor& u, const Tensor& v, const Tensor& t) const {
-  const int64_t R = g.size(1), N = g.size(2);
+Tensor Semiring::norm_offdiagonal(const Tensor& a, const Tensor& x) const {
+  const int64_t R = a.size(1), N = a.size(2);
+  TORCH_CHECK_NOT_IMPLEMENTED(N <= 4096, "torch_semiring: semiring ", name(), " builds the ", N, "×", N,
+                              " Jacobian block of each normalised row, too large here; the built-in semirings "
+                              "have a kernel for it, or normalise fewer elements together (for batch norm: "
+                              "model.eval() normalises with running statistics, a diagonal Jacobian)");
   const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(N * N, 1));
-  auto diagonal = at::eye(N, u.options().dtype(at::kBool));
+  auto diagonal = at::eye(N, x.options().dtype(at::kBool));
   std::vector<Tensor> parts;
   for (int64_t r0 = 0; r0 < R; r0 += chunk) {
     const int64_t rows = std::min(chunk, R - r0);
-    auto w = u.narrow(0, r0, rows).unsqueeze(2) + v.narrow(0, r0, rows).unsqueeze(2) * t.narrow(0, r0, rows).unsqueeze(1);
-    w = w.masked_fill(diagonal, 0);  // weight 0: no edge i → i here
-    parts.push_back(matmul(g.narrow(1, r0, rows).unsqueeze(2), w).squeeze(2));  // (C, rows, N): ⊕ over i
+    auto xr = x.narrow(0, r0, rows);
+    auto w = (xr.unsqueeze(2) * xr.unsqueeze(1) + 1).masked_fill(diagonal, 0);  // weight 0: no edge i → i here
+    parts.push_back(matmul(a.narrow(1, r0, rows).unsqueeze(2), w).squeeze(2));   // (C, rows, N): ⊕ over i
   }
   return at::cat(parts, 1);
 }

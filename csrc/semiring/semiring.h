@@ -73,13 +73,15 @@ class Semiring {
   // a suffix scan (log-step doubling, binary ⊕ only), so it needs no inverse
   // of ⊕; semirings with a cheaper exact form override it.
   virtual Tensor exclusive_oplus(const Tensor& v, int64_t dim) const;
-  // Rows of an affine weight matrix, diagonal excluded: g (C, R, N) value,
-  // u, v, t (R, N) plain tensors →
-  //     out[r, j] = ⊕_{i ≠ j} g[r, i] ⊗ lift(u[r, i] + v[r, i] · t[r, j]).
-  // The off-diagonal part of normalisation Jacobians (layer / RMS / batch
-  // norm). The default builds each row's N×N block, a chunk of rows at a time,
-  // through matmul; max semirings override it with an envelope of lines.
-  virtual Tensor affine_matmul(const Tensor& g, const Tensor& u, const Tensor& v, const Tensor& t) const;
+  // The off-diagonal part of centred normalisation Jacobians (layer norm,
+  // batch norm with batch statistics), row by row: a (C, R, N) value, x (R, N)
+  // plain tensor →
+  //     out[r, j] = ⊕_{i ≠ j} a[r, i] ⊗ lift(1 + x[r, i] · x[r, j]).
+  // The default builds each row's N×N block, a chunk of rows at a time,
+  // through matmul (O(N²) a row, memory included); the built-in semirings use
+  // kernels/norm_rows instead (O(N log N) a row; entropy's |y| log|y| term
+  // O(N²) work but no block).
+  virtual Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const;
   // Inclusive scan along element dim `dim`: out[j] = ⊕_{i≤j} v[i], or with
   // reverse ⊕_{i≥j} v[i] (cumsum's Jacobian). The default is the log-step
   // doubling scan exclusive_oplus uses (binary ⊕ only).

@@ -4,7 +4,7 @@
 #include "log_space.h"
 
 #include "kernels/cpu_gemm.h"
-#include "kernels/line_envelope.h"
+#include "kernels/norm_rows.h"
 
 namespace torch_semiring {
 
@@ -16,15 +16,11 @@ class ViterbiSemiring final : public LogSpaceSemiring {
     auto fast = kernels::max_plus_matmul(g, w);
     return fast.defined() ? fast : Semiring::matmul(g, w);
   }
-  // max_i g_i + log|u_i + v_i t_j| = A + log max_i e^{g_i − A}|u_i + v_i t_j| with
-  // A the row's largest g (in float64: a line only vanishes 745 nats below A).
-  Tensor affine_matmul(const Tensor& g, const Tensor& u, const Tensor& v, const Tensor& t) const override {
-    if (!g.device().is_cpu()) return Semiring::affine_matmul(g, u, v, t);
-    auto logs = g.select(0, 0).to(at::kDouble);
-    auto top = logs.amax(1, true);
-    top = at::where(at::isfinite(top), top, at::zeros_like(top));  // a row without paths stays −∞
-    auto best = kernels::max_abs_affine((logs - top).exp(), u, v, t);
-    return (best.log() + top).to(g.scalar_type()).unsqueeze(0);
+  // max_{i≠j} a_i + log|1 + x_i x_j|: shifted into linear space, an upper
+  // envelope of lines (kernels/norm_rows).
+  Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
+    auto fast = kernels::max_rows(a.select(0, 0), x, /*log_space=*/true);
+    return fast.defined() ? fast.to(a.scalar_type()).unsqueeze(0) : Semiring::norm_offdiagonal(a, x);
   }
   Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
     return at::full({src.size(0), numel}, -std::numeric_limits<double>::infinity(), src.options())

@@ -1,0 +1,714 @@
+// Per-row kernels for the off-diagonal part of centred normalisation
+// Jacobians; the math, the cost model and the exactness argument are in
+// norm_rows.h. Layout of this file: sorting, range sums, the sum family
+// (abs, count, log, entropy), the direct φ pass, the envelope family (max_abs,
+// viterbi, max_prod), and the tensor-level entry points.
+#include "kernels/norm_rows.h"
+
+// Vector types in template arguments trigger GCC's "ABI changed" notes; these
+// functions are all internal.
+#pragma GCC diagnostic ignored "-Wpsabi"
+// No fused multiply-adds: 1 + x·t is rounded as the generic path rounds it
+// (one_plus), also inside the FMA-enabled vector functions.
+#pragma GCC optimize("fp-contract=off")
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu_gemm.h"  // kernel_isa
+
+namespace torch_semiring::kernels {
+
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+// Terms with |1 + x_i t| < kWindow are summed directly: outside it, Σw + t·Σwx
+// loses at most ~3·eps·(1 + 2/kWindow) of each term (≈ 6e-12 relative).
+constexpr double kWindow = 1.0 / 4096;
+// An output whose linear-space sum is below this (× N × the largest |y| of
+// its row) may miss mass that underflowed in exp(a − max): recompute it.
+constexpr double kUnderflowGuard = 1e-290;
+
+// 1 + x·t, rounded as the generic path (Semiring::norm_offdiagonal) rounds it —
+// product, then sum — so both agree on which weights are exactly 0 (no edge).
+template <class T>
+inline T one_plus(T x, T t) {
+  const T p = x * t;
+  return p + T(1);
+}
+
+// ---- sorting ---------------------------------------------------------------
+
+// Ascending argsort of n doubles: an LSD radix sort (4 passes of 8 bits; a
+// pass whose byte is the same for all keys is skipped) on the top 32 bits of
+// an order-preserving transform of their bit patterns (sign, exponent and 20
+// bits of mantissa), then an insertion pass on the full values, which only
+// has to reorder values equal in those bits (within ~1e-6 of each other).
+struct RadixSorter {
+  std::vector<uint32_t> keys, keys2;
+  std::vector<int32_t> idx2;
+
+  void sort(const double* x, int64_t n, int32_t* order) {
+    keys.resize(n), keys2.resize(n), idx2.resize(n);
+    uint32_t hist[4][256];
+    std::memset(hist, 0, sizeof(hist));
+    for (int64_t i = 0; i < n; ++i) {
+      uint64_t u;
+      std::memcpy(&u, &x[i], sizeof(u));
+      u = (u >> 63) ? ~u : (u | (uint64_t(1) << 63));  // order-preserving
+      const uint32_t k = uint32_t(u >> 32);
+      keys[i] = k;
+      order[i] = int32_t(i);
+      for (int b = 0; b < 4; ++b) hist[b][(k >> (8 * b)) & 0xff]++;
+    }
+    uint32_t* src = keys.data();
+    uint32_t* dst = keys2.data();
+    int32_t* isrc = order;
+    int32_t* idst = idx2.data();
+    for (int b = 0; b < 4; ++b) {
+      if (n == 0 || hist[b][(src[0] >> (8 * b)) & 0xff] == uint32_t(n)) continue;  // one bucket: no-op pass
+      uint32_t pos[256], run = 0;
+      for (int v = 0; v < 256; ++v) pos[v] = run, run += hist[b][v];
+      for (int64_t i = 0; i < n; ++i) {
+        const uint32_t d = (src[i] >> (8 * b)) & 0xff;
+        dst[pos[d]] = src[i];
+        idst[pos[d]++] = isrc[i];
+      }
+      std::swap(src, dst);
+      std::swap(isrc, idst);
+    }
+    if (isrc != order) std::memcpy(order, isrc, sizeof(int32_t) * n);
+    for (int64_t k = 1; k < n; ++k) {  // exact order among equal keys
+      const int32_t v = order[k];
+      int64_t q = k;
+      for (; q > 0 && x[order[q - 1]] > x[v]; --q) order[q] = order[q - 1];
+      order[q] = v;
+    }
+  }
+};
+
+// ---- range sums without subtraction ----------------------------------------
+
+// Every range the sums need is a prefix, a suffix, or a window [L, R) whose
+// ends only move right as the queries are taken in sorted order. The window
+// is a queue kept as two stacks (a "back" running sum of [m, R) and "front"
+// suffix sums of [L, m), refilled from the back when it runs empty): each sum
+// is then of exactly the window's elements — no subtraction, so no
+// cancellation against an excluded or outlying term — at O(1) amortised.
+struct WindowSums {
+  const std::vector<std::vector<double>>* series = nullptr;  // S series of n values
+  int64_t n = 0, L = 0, R = 0, m = 0;
+  std::vector<double> front;  // [s * (n + 1) + i]: Σ of series s over [i, m)
+  std::vector<double> back;   // [s]: Σ over [m, R)
+
+  void reset(const std::vector<std::vector<double>>& v, int64_t size, int64_t start) {
+    series = &v, n = size, L = R = m = start;
+    front.resize(v.size() * (n + 1));
+    back.assign(v.size(), 0.0);
+  }
+  void advance(int64_t new_l, int64_t new_r) {
+    const auto& v = *series;
+    for (; R < new_r; ++R)
+      for (size_t s = 0; s < v.size(); ++s) back[s] += v[s][R];
+    if (new_l > m) {  // the front ran out: the back's elements become the front
+      for (size_t s = 0; s < v.size(); ++s) {
+        double acc = 0;
+        for (int64_t i = R - 1; i >= m; --i) front[s * (n + 1) + i] = acc += v[s][i];
+        back[s] = 0;
+      }
+      m = R;
+    }
+    L = new_l;
+  }
+  double sum(size_t s) const { return (L < m ? front[s * (n + 1) + L] : 0.0) + back[s]; }
+};
+
+// ---- the sum family ----------------------------------------------------------
+
+// One row, W weight vectors: out[v][j] = Σ_{i≠j} w_v[i]·L(1 + x_i x_j),
+// L = |·| or [· ≠ 0]. Queries are taken in sorted order: the negative x first
+// (θ = −1/x rises from 0+), then the zeros, then the positive x (θ rises to
+// 0−); the window bounds around θ only move right within each group.
+struct SumRow {
+  RadixSorter sorter;
+  WindowSums window;
+  std::vector<int32_t> order;
+  std::vector<double> xs;
+  std::vector<std::vector<double>> series, prefix, suffix;  // 2v: w_v, 2v + 1: w_v·x (sorted order)
+
+  void run(const double* x, int64_t n, const std::vector<const double*>& w, const std::vector<double*>& out,
+           bool nonzero) {
+    order.resize(n), xs.resize(n);
+    sorter.sort(x, n, order.data());
+    for (int64_t k = 0; k < n; ++k) xs[k] = x[order[k]];
+    const size_t S = 2 * w.size();
+    series.resize(S), prefix.resize(S), suffix.resize(S);
+    for (size_t v = 0; v < w.size(); ++v) {
+      auto &a = series[2 * v], &b = series[2 * v + 1];
+      a.resize(n), b.resize(n);
+      for (int64_t k = 0; k < n; ++k) a[k] = w[v][order[k]], b[k] = a[k] * xs[k];
+    }
+    for (size_t s = 0; s < S; ++s) {
+      auto &p = prefix[s], &q = suffix[s];
+      p.resize(n + 1), q.resize(n + 1);
+      p[0] = 0, q[n] = 0;
+      for (int64_t k = 0; k < n; ++k) p[k + 1] = p[k] + series[s][k];
+      for (int64_t k = n - 1; k >= 0; --k) q[k] = q[k + 1] + series[s][k];
+    }
+    const int64_t first_zero = std::lower_bound(xs.begin(), xs.end(), 0.0) - xs.begin();
+    const int64_t first_positive = std::upper_bound(xs.begin(), xs.end(), 0.0) - xs.begin();
+    // x = 0: every weight is 1 + 0 = 1.
+    for (int64_t k = first_zero; k < first_positive; ++k)
+      for (size_t v = 0; v < w.size(); ++v) out[v][order[k]] = prefix[2 * v][k] + suffix[2 * v][k + 1];
+    // 1 + x t changes sign at x = θ = −1/t; [lo, hi) holds the x within a
+    // relative kWindow of θ (|1 + x t| ≲ kWindow there), summed term by term.
+    auto bounds = [&](double t, int64_t& lo, int64_t& hi) {
+      const double theta = -1.0 / t, reach = kWindow * std::abs(theta);
+      while (lo < n && xs[lo] < theta - reach) ++lo;
+      if (hi < lo) hi = lo;
+      while (hi < n && xs[hi] <= theta + reach) ++hi;
+    };
+    auto finish = [&](int64_t k, double t, int64_t lo, int64_t hi, const double* pos, const double* neg) {
+      for (size_t v = 0; v < w.size(); ++v) {
+        double s = nonzero ? pos[2 * v] + neg[2 * v]
+                           : (pos[2 * v] + t * pos[2 * v + 1]) - (neg[2 * v] + t * neg[2 * v + 1]);
+        for (int64_t q = lo; q < hi; ++q) {
+          if (q == k) continue;
+          const double y = one_plus(xs[q], t);
+          s += nonzero ? (y != 0 ? series[2 * v][q] : 0.0) : series[2 * v][q] * std::abs(y);
+        }
+        out[v][order[k]] = s;
+      }
+    };
+    std::vector<double> pos(S), neg(S);
+    // t < 0: x < θ is positive — [0, k) ∪ (k, lo); x > θ negative — [hi, n).
+    int64_t lo = 0, hi = 0;
+    window.reset(series, n, 1);
+    for (int64_t k = 0; k < first_zero; ++k) {
+      const double t = xs[k];
+      bounds(t, lo, hi);
+      window.advance(k + 1, std::max(lo, k + 1));  // (k, lo): j itself is positive, so lo > k
+      for (size_t s = 0; s < S; ++s) pos[s] = prefix[s][k] + window.sum(s), neg[s] = suffix[s][hi];
+      finish(k, t, lo, hi, pos.data(), neg.data());
+    }
+    // t > 0: x > θ is positive — [hi, k) ∪ (k, n); x < θ negative — [0, lo).
+    lo = 0, hi = 0;
+    window.reset(series, n, 0);
+    for (int64_t k = first_positive; k < n; ++k) {
+      const double t = xs[k];
+      bounds(t, lo, hi);
+      window.advance(std::min(hi, k), k);  // [hi, k): j itself is positive, so hi ≤ k
+      for (size_t s = 0; s < S; ++s) pos[s] = window.sum(s) + suffix[s][k + 1], neg[s] = prefix[s][lo];
+      finish(k, t, lo, hi, pos.data(), neg.data());
+    }
+  }
+};
+
+// ---- Σ_{i≠j} w_i φ(1 + x_i x_j), φ(y) = |y| log|y|: direct and symmetric -----
+
+template <class T, int Bytes>
+struct Vec {
+  typedef T type __attribute__((vector_size(Bytes)));
+};
+template <class T>
+struct Bits;
+template <>
+struct Bits<float> {
+  using type = int32_t;
+  static constexpr int kMantissa = 23, kBias = 127;
+  static constexpr int32_t kMantissaMask = 0x007fffff, kOne = 0x3f800000, kExpMask = 0xff;
+  static constexpr int kTerms = 5;
+};
+template <>
+struct Bits<double> {
+  using type = int64_t;
+  static constexpr int kMantissa = 52, kBias = 1023;
+  static constexpr int64_t kMantissaMask = 0x000fffffffffffffLL, kOne = 0x3ff0000000000000LL, kExpMask = 0x7ff;
+  static constexpr int kTerms = 11;
+};
+
+// Natural log of positive, normal, finite lanes: x = 2^e·m, m ∈ [√½, √2),
+// log m = 2 atanh(f) = 2f Σ_k f^{2k}/(2k+1) with f = (m − 1)/(m + 1), |f| ≤ 0.172
+// (5 terms reach float precision, 11 double). ~2 ulp.
+template <class T, class V>
+inline __attribute__((always_inline)) V vector_log(V x) {
+  using B = Bits<T>;
+  using I = typename B::type;
+  using IV = typename Vec<I, sizeof(V)>::type;
+  IV bits = (IV)x;
+  IV e = ((bits >> B::kMantissa) & B::kExpMask) - B::kBias;
+  V m = (V)((bits & B::kMantissaMask) | B::kOne);  // [1, 2)
+  IV big = m > T(1.4142135623730951);              // −1 where m ≥ √2
+  m = big ? m * T(0.5) : m;
+  e = e - big;
+  const V f = (m - T(1)) / (m + T(1)), s = f * f;
+  V series = V{} + T(1) / T(2 * B::kTerms - 1);
+  for (int k = B::kTerms - 2; k >= 0; --k) series = series * s + T(1) / T(2 * k + 1);
+  return __builtin_convertvector(e, V) * T(0.6931471805599453) + T(2) * f * series;
+}
+
+template <class T>
+inline T phi(T y) {
+  const T a = std::abs(y);
+  return a == 0 ? T(0) : a * std::log(a);
+}
+
+template <class T, class V>
+inline __attribute__((always_inline)) void phi_row_impl(const T* x, const T* w, T* F, int64_t n) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  using IV = typename Vec<typename Bits<T>::type, sizeof(V)>::type;
+  for (int64_t j = 0; j < n; ++j) F[j] = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const T xi = x[i], wi = w[i];
+    V acc = V{};
+    T tail = 0;
+    int64_t j = i + 1;
+    for (; j + L <= n; j += L) {
+      V xj, wj, Fj;
+      std::memcpy(&xj, x + j, sizeof(V));
+      std::memcpy(&wj, w + j, sizeof(V));
+      std::memcpy(&Fj, F + j, sizeof(V));
+      const V y = xj * xi + T(1);
+      const V a = y < T(0) ? -y : y;
+      const IV zero = a == T(0);
+      V p = a * vector_log<T, V>(zero ? a + T(1) : a);  // log 1 = 0 keeps the lane finite
+      p = zero ? V{} : p;                                // no edge: φ = 0
+      Fj += wi * p;
+      acc += wj * p;
+      std::memcpy(F + j, &Fj, sizeof(V));
+    }
+    for (; j < n; ++j) {
+      const T p = phi<T>(one_plus(x[j], xi));
+      F[j] += wi * p;
+      tail += w[j] * p;
+    }
+    T total = tail;
+    for (int l = 0; l < L; ++l) total += acc[l];
+    F[i] += total;
+  }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+template <class T>
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void phi_row_avx512(
+    const T* x, const T* w, T* F, int64_t n) {
+  phi_row_impl<T, typename Vec<T, 64>::type>(x, w, F, n);
+}
+template <class T>
+__attribute__((target("avx2,fma"), flatten)) void phi_row_avx2(const T* x, const T* w, T* F, int64_t n) {
+  phi_row_impl<T, typename Vec<T, 32>::type>(x, w, F, n);
+}
+#endif
+template <class T>
+__attribute__((flatten)) void phi_row_portable(const T* x, const T* w, T* F, int64_t n) {
+  phi_row_impl<T, typename Vec<T, 16>::type>(x, w, F, n);
+}
+
+// The φ pass for this machine's instruction set (TORCH_SEMIRING_KERNEL_ISA
+// lowers it, as for the GEMM kernels).
+template <class T>
+using PhiRow = void (*)(const T*, const T*, T*, int64_t);
+template <class T>
+PhiRow<T> pick_phi_row() {
+  const std::string isa = kernel_isa();
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa == "avx512") return &phi_row_avx512<T>;
+  if (isa == "avx2") return &phi_row_avx2<T>;
+#endif
+  return &phi_row_portable<T>;
+}
+
+// ---- the envelope family ------------------------------------------------------
+
+// max over lines l (owner o_l, coefficient α_l) of α_l·(1 + x_{o_l} t) at every
+// query t = x_j, lines of owner j excluded, edges with 1 + x_o t = 0 excluded
+// (they do not exist). Lines are given per owner: alpha[2i], alpha[2i + 1]
+// (NaN = absent); out[j] = −∞ where no line is left. `lower` also gives the
+// minimum (the upper envelope of the negated lines, whose slope order is the
+// reverse: one sort serves both).
+//
+// Lines are grouped into bands of |α| within a factor 2^16 and each band gets
+// its own upper hull: a hull test mixing |α| of 1e47 and 1e21 would round
+// away the smaller lines (every line of the form α(1 + x t) crosses zero, so a
+// small line can win near a large one's root). Within a band the tests' error
+// stays ~eps·2^16 of the lines compared, and each winner is re-evaluated with
+// its hull neighbours in the canonical form α·(1 + x t).
+struct EnvelopeRow {
+  struct Line {
+    double slope, intercept;
+    int32_t owner;
+    uint8_t band;
+  };
+  struct Band {
+    int64_t begin, end;  // its hull lines in `hull`
+    double top_alpha = 0, top_x = 0;  // bounds: no line of the band exceeds top_alpha·(1 + top_x·|t|)
+    int64_t p = 0;       // sweep position
+  };
+  static constexpr int kBandShift = 4;  // 2^4 binary exponents (a factor 2^16) per band
+  RadixSorter sorter;
+  std::vector<int32_t> by_slope, grouped;
+  std::vector<double> slopes;
+  std::vector<Line> lines, hull;
+  std::vector<Band> bands;
+
+  static double direct(const double* alpha, const double* x, int64_t n, int64_t j, double sign) {
+    double best = -kInf;
+    const double t = x[j];
+    for (int64_t i = 0; i < n; ++i) {
+      if (i == j) continue;
+      const double y = one_plus(x[i], t);
+      if (y == 0) continue;
+      for (int c = 0; c < 2; ++c)
+        if (!std::isnan(alpha[2 * i + c])) best = std::max(best, sign * alpha[2 * i + c] * y);
+    }
+    return best;
+  }
+
+  static bool hidden(const Line& l1, const Line& l2, const Line& l3) {  // l2 never on top (slopes l1 < l2 < l3)
+    return (l1.intercept - l3.intercept) * (l2.slope - l1.slope) <=
+           (l1.intercept - l2.intercept) * (l3.slope - l1.slope);
+  }
+  static uint8_t band_of(double a) {  // from the binary exponent; 0 for α = 0 and subnormals
+    uint64_t u;
+    std::memcpy(&u, &a, sizeof(u));
+    return uint8_t(((u >> 52) & 0x7ff) >> kBandShift);
+  }
+
+  // by_query: the row's positions in ascending x.
+  void run(const double* alpha, const double* x, int64_t n, const int32_t* by_query, double* upper,
+           double* lower) {
+    lines.clear(), slopes.clear();
+    for (int64_t i = 0; i < n; ++i)
+      for (int c = 0; c < 2; ++c) {
+        const double a = alpha[2 * i + c];
+        if (std::isnan(a)) continue;
+        lines.push_back({a * x[i], a, int32_t(i), band_of(a)});
+        slopes.push_back(a * x[i]);
+      }
+    by_slope.resize(lines.size());
+    sorter.sort(slopes.data(), int64_t(lines.size()), by_slope.data());
+    envelope(alpha, x, n, by_query, 1.0, upper);
+    if (lower) {  // −α: slopes negated, so the ascending order is the reverse one
+      for (auto& l : lines) l.slope = -l.slope, l.intercept = -l.intercept;
+      std::reverse(by_slope.begin(), by_slope.end());
+      envelope(alpha, x, n, by_query, -1.0, lower);
+      for (int64_t j = 0; j < n; ++j) lower[j] = -lower[j];  // min = −max(−α…); no line: +∞
+    }
+  }
+
+  void envelope(const double* alpha, const double* x, int64_t n, const int32_t* by_query, double sign,
+                double* out) {
+    const int64_t L = int64_t(lines.size());
+    // Stable counting sort by band, largest |α| first: each band in slope order.
+    uint32_t count[256] = {0};
+    for (int64_t q = 0; q < L; ++q) count[lines[q].band]++;
+    uint32_t start[256], run = 0;
+    for (int b = 255; b >= 0; --b) start[b] = run, run += count[b];
+    grouped.resize(L);
+    for (int64_t q = 0; q < L; ++q) grouped[start[lines[by_slope[q]].band]++] = by_slope[q];
+    hull.clear(), bands.clear();
+    for (int64_t q = 0; q < L;) {
+      const uint8_t b = lines[grouped[q]].band;
+      Band band{int64_t(hull.size()), 0};
+      for (; q < L && lines[grouped[q]].band == b; ++q) {
+        const Line& l = lines[grouped[q]];
+        band.top_alpha = std::max(band.top_alpha, std::abs(l.intercept));
+        band.top_x = std::max(band.top_x, std::abs(x[l.owner]));
+        const int64_t size = int64_t(hull.size()) - band.begin;
+        if (size > 0 && hull.back().slope == l.slope) {
+          if (hull.back().intercept >= l.intercept) continue;  // same slope: the higher one stays
+          hull.pop_back();
+        }
+        while (int64_t(hull.size()) - band.begin >= 2 && hidden(hull[hull.size() - 2], hull.back(), l))
+          hull.pop_back();
+        hull.push_back(l);
+      }
+      band.end = int64_t(hull.size());
+      bands.push_back(band);
+    }
+    for (int64_t q = 0; q < n; ++q) {
+      const int64_t j = by_query[q];
+      const double t = x[j];
+      double best = -kInf;
+      bool own = false;
+      for (auto& band : bands) {
+        if (best > 0 && band.top_alpha * (1 + band.top_x * std::abs(t)) < best) continue;  // cannot win
+        const Line* h = hull.data() + band.begin;
+        const int64_t size = band.end - band.begin;
+        while (band.p + 1 < size && h[band.p + 1].intercept + h[band.p + 1].slope * t >=
+                                        h[band.p].intercept + h[band.p].slope * t)
+          ++band.p;
+        // The winner and its neighbours (against rounding in the hull tests),
+        // in the canonical form α·(1 + x t).
+        for (int64_t d = -1; d <= 1; ++d) {
+          const int64_t k = band.p + d;
+          if (k < 0 || k >= size) continue;
+          if (h[k].owner == j) {
+            own |= d == 0;
+            continue;
+          }
+          best = std::max(best, h[k].intercept * one_plus(x[h[k].owner], t));
+        }
+      }
+      // j's own line on top of a band (excluded), or a maximum of 0 that a
+      // non-edge (1 + x t = 0) may have produced: the maximum over the others.
+      out[j] = own || best == 0 ? direct(alpha, x, n, j, sign) : best;
+    }
+  }
+};
+
+// ---- exact log-space recomputation of one output (underflow guard) -------------
+
+// log Σ_{i≠j, y≠0} e^{a_i + log|y_ij|}, and with h the entropy pair's mean.
+std::pair<double, double> exact_log_sum(const double* a, const double* h, const double* x, int64_t n, int64_t j) {
+  const double t = x[j];
+  double top = -kInf;
+  for (int64_t i = 0; i < n; ++i) {
+    const double y = one_plus(x[i], t);
+    if (i != j && y != 0 && a[i] > -kInf) top = std::max(top, a[i] + std::log(std::abs(y)));
+  }
+  if (top == -kInf) return {-kInf, 0.0};
+  double z = 0, r = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double y = one_plus(x[i], t);
+    if (i == j || y == 0 || a[i] == -kInf) continue;
+    const double ly = std::log(std::abs(y)), p = std::exp(a[i] + ly - top);
+    z += p;
+    if (h) r += p * (h[i] - ly);
+  }
+  return {top + std::log(z), h ? r / z : 0.0};
+}
+
+double exact_log_max(const double* a, const double* x, int64_t n, int64_t j) {
+  const double t = x[j];
+  double best = -kInf;
+  for (int64_t i = 0; i < n; ++i) {
+    const double y = one_plus(x[i], t);
+    if (i != j && y != 0 && a[i] > -kInf) best = std::max(best, a[i] + std::log(std::abs(y)));
+  }
+  return best;
+}
+
+// ---- tensor plumbing ----------------------------------------------------------
+
+bool applies(const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts) {
+    if (!t.defined() || !t.device().is_cpu() || t.dim() != 2 || !t.sizes().equals(ts[0].sizes())) return false;
+    if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble) return false;
+    if (t.numel() > 0 && t.isnan().any().item<bool>()) return false;
+  }
+  return ts[0].size(1) < (int64_t(1) << 30);
+}
+bool finite(const at::Tensor& t) { return t.numel() == 0 || at::isfinite(t).all().item<bool>(); }
+at::Tensor as_double(const at::Tensor& t) { return t.to(at::kDouble).contiguous(); }
+
+// Row maximum of log values (−∞ for a row without paths) and the largest |x|.
+struct RowScale {
+  double top, xmax;
+};
+RowScale scale_of(const double* a, const double* x, int64_t n) {
+  RowScale s{-kInf, 0.0};
+  for (int64_t i = 0; i < n; ++i) s.top = std::max(s.top, a[i]), s.xmax = std::max(s.xmax, std::abs(x[i]));
+  return s;
+}
+bool suspect(double sum, int64_t n, double xmax, double t) {
+  return !(sum >= kUnderflowGuard * double(n) * (1.0 + xmax * std::abs(t))) || !std::isfinite(sum);
+}
+
+}  // namespace
+
+at::Tensor sum_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool nonzero) {
+  // w may hold +∞ (a count or Z beyond the dtype's range): any existing edge
+  // from such an i makes the sum +∞; the rest is the sum of the finite ones.
+  if (!applies({w_in, x_in}) || !finite(x_in) || (w_in.numel() && (w_in < 0).any().item<bool>())) return {};
+  auto w = as_double(w_in), x = as_double(x_in);
+  const int64_t R = x.size(0), n = x.size(1);
+  auto out = at::empty({R, n}, x.options());
+  const double *pw = w.data_ptr<double>(), *px = x.data_ptr<double>();
+  double* po = out.data_ptr<double>();
+  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    SumRow row;
+    std::vector<double> finite_w(n);
+    std::vector<int64_t> infinite;
+    for (int64_t r = r0; r < r1; ++r) {
+      const double *wr = pw + r * n, *xr = px + r * n;
+      double* o = po + r * n;
+      infinite.clear();
+      for (int64_t i = 0; i < n; ++i) {
+        finite_w[i] = wr[i] == kInf ? 0.0 : wr[i];
+        if (wr[i] == kInf) infinite.push_back(i);
+      }
+      row.run(xr, n, {finite_w.data()}, {o}, nonzero);
+      for (int64_t j = 0; j < n && !infinite.empty(); ++j)
+        for (int64_t i : infinite)
+          if (i != j && one_plus(xr[i], xr[j]) != 0) o[j] = kInf;
+    }
+  });
+  return out;
+}
+
+at::Tensor logsumexp_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
+  if (!applies({a_in, x_in}) || !finite(x_in) || (a_in.numel() && (a_in == kInf).any().item<bool>())) return {};
+  auto a = as_double(a_in), x = as_double(x_in);
+  const int64_t R = x.size(0), n = x.size(1);
+  auto out = at::empty({R, n}, x.options());
+  const double *pa = a.data_ptr<double>(), *px = x.data_ptr<double>();
+  double* po = out.data_ptr<double>();
+  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    SumRow row;
+    std::vector<double> A(n), S(n);
+    for (int64_t r = r0; r < r1; ++r) {
+      const double *ar = pa + r * n, *xr = px + r * n;
+      double* o = po + r * n;
+      const auto sc = scale_of(ar, xr, n);
+      if (sc.top == -kInf) {
+        std::fill(o, o + n, -kInf);
+        continue;
+      }
+      for (int64_t i = 0; i < n; ++i) A[i] = std::exp(ar[i] - sc.top);
+      row.run(xr, n, {A.data()}, {S.data()}, false);
+      for (int64_t j = 0; j < n; ++j)
+        o[j] = suspect(S[j], n, sc.xmax, xr[j]) ? exact_log_sum(ar, nullptr, xr, n, j).first
+                                                : sc.top + std::log(S[j]);
+    }
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at::Tensor& h_in,
+                                                const at::Tensor& x_in) {
+  if (!applies({l_in, h_in, x_in}) || !finite(x_in) || !finite(h_in) ||
+      (l_in.numel() && (l_in == kInf).any().item<bool>()))
+    return {};
+  auto l = as_double(l_in), h = as_double(h_in), x = as_double(x_in);
+  const bool single = x_in.scalar_type() == at::kFloat;  // φ pass in the graph's precision
+  const auto phi_float = pick_phi_row<float>();
+  const auto phi_double = pick_phi_row<double>();
+  const int64_t R = x.size(0), n = x.size(1);
+  auto out_l = at::empty({R, n}, x.options()), out_h = at::empty({R, n}, x.options());
+  const double *pl = l.data_ptr<double>(), *ph = h.data_ptr<double>(), *px = x.data_ptr<double>();
+  double *pol = out_l.data_ptr<double>(), *poh = out_h.data_ptr<double>();
+  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    SumRow row;
+    std::vector<double> A(n), Ah(n), Z(n), Q(n), F(n);
+    std::vector<float> xf(single ? n : 0), Af(single ? n : 0), Ff(single ? n : 0);
+    for (int64_t r = r0; r < r1; ++r) {
+      const double *lr = pl + r * n, *hr = ph + r * n, *xr = px + r * n;
+      double *ol = pol + r * n, *oh = poh + r * n;
+      const auto sc = scale_of(lr, xr, n);
+      if (sc.top == -kInf) {
+        std::fill(ol, ol + n, -kInf);
+        std::fill(oh, oh + n, 0.0);
+        continue;
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        A[i] = std::exp(lr[i] - sc.top);
+        Ah[i] = A[i] == 0 ? 0.0 : A[i] * hr[i];
+      }
+      row.run(xr, n, {A.data(), Ah.data()}, {Z.data(), Q.data()}, false);
+      if (single) {
+        for (int64_t i = 0; i < n; ++i) xf[i] = float(xr[i]), Af[i] = float(A[i]);
+        phi_float(xf.data(), Af.data(), Ff.data(), n);
+        for (int64_t i = 0; i < n; ++i) F[i] = Ff[i];
+      } else {
+        phi_double(xr, A.data(), F.data(), n);
+      }
+      // R = Σ A|y|(h − log|y|) = Q − F;  ℓ = top + log Z,  h = R/Z.
+      for (int64_t j = 0; j < n; ++j) {
+        if (suspect(Z[j], n, sc.xmax, xr[j])) {
+          auto e = exact_log_sum(lr, hr, xr, n, j);
+          ol[j] = e.first, oh[j] = e.second;
+        } else {
+          ol[j] = sc.top + std::log(Z[j]);
+          oh[j] = (Q[j] - F[j]) / Z[j];
+        }
+      }
+    }
+  });
+  return {out_l, out_h};
+}
+
+at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_space) {
+  if (!applies({w_in, x_in}) || !finite(x_in)) return {};
+  if (log_space ? (w_in.numel() && (w_in == kInf).any().item<bool>()) : !finite(w_in)) return {};
+  auto w = as_double(w_in), x = as_double(x_in);
+  const int64_t R = x.size(0), n = x.size(1);
+  auto out = at::empty({R, n}, x.options());
+  const double *pw = w.data_ptr<double>(), *px = x.data_ptr<double>();
+  double* po = out.data_ptr<double>();
+  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    EnvelopeRow env;
+    RadixSorter sorter;
+    std::vector<int32_t> by_query(n);
+    std::vector<double> alpha(2 * n), best(n);
+    for (int64_t r = r0; r < r1; ++r) {
+      const double *wr = pw + r * n, *xr = px + r * n;
+      double* o = po + r * n;
+      RowScale sc{0.0, 0.0};
+      if (log_space) {
+        sc = scale_of(wr, xr, n);
+        if (sc.top == -kInf) {
+          std::fill(o, o + n, -kInf);
+          continue;
+        }
+      }
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = log_space ? std::exp(wr[i] - sc.top) : wr[i];
+        alpha[2 * i] = v > 0 ? v : nan;  // weight 0: no path through i
+        alpha[2 * i + 1] = v > 0 ? -v : nan;
+      }
+      sorter.sort(xr, n, by_query.data());
+      env.run(alpha.data(), xr, n, by_query.data(), best.data(), nullptr);
+      for (int64_t j = 0; j < n; ++j) {
+        if (!log_space) {
+          o[j] = best[j] > 0 ? best[j] : 0.0;  // no edge: the zero of max_abs
+        } else {
+          o[j] = suspect(best[j], n, sc.xmax, xr[j]) ? exact_log_max(wr, xr, n, j) : sc.top + std::log(best[j]);
+        }
+      }
+    }
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const at::Tensor& m_in,
+                                                   const at::Tensor& x_in) {
+  if (!applies({M_in, m_in, x_in}) || !finite(x_in)) return {};
+  auto M = as_double(M_in), m = as_double(m_in), x = as_double(x_in);
+  // Values are finite path products or the empty (−∞, +∞); anything else
+  // (an infinite product) is left to the generic arithmetic.
+  auto empty = M.eq(-kInf);
+  if ((empty.logical_not().logical_and(at::isfinite(M).logical_and(at::isfinite(m)).logical_not())).any().item<bool>())
+    return {};
+  const int64_t R = x.size(0), n = x.size(1);
+  auto out_M = at::empty({R, n}, x.options()), out_m = at::empty({R, n}, x.options());
+  const double *pM = M.data_ptr<double>(), *pm = m.data_ptr<double>(), *px = x.data_ptr<double>();
+  double *poM = out_M.data_ptr<double>(), *pom = out_m.data_ptr<double>();
+  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    EnvelopeRow env;
+    RadixSorter sorter;
+    std::vector<int32_t> by_query(n);
+    std::vector<double> alpha(2 * n), hi(n), lo(n);
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    for (int64_t r = r0; r < r1; ++r) {
+      const double *Mr = pM + r * n, *mr = pm + r * n, *xr = px + r * n;
+      for (int64_t i = 0; i < n; ++i) {
+        const bool none = Mr[i] == -kInf;
+        alpha[2 * i] = none ? nan : Mr[i], alpha[2 * i + 1] = none ? nan : mr[i];
+      }
+      sorter.sort(xr, n, by_query.data());
+      env.run(alpha.data(), xr, n, by_query.data(), hi.data(), lo.data());
+      for (int64_t j = 0; j < n; ++j) poM[r * n + j] = hi[j], pom[r * n + j] = lo[j];
+    }
+  });
+  return {out_M, out_m};
+}
+
+}  // namespace torch_semiring::kernels

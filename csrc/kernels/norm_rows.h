@@ -1,0 +1,62 @@
+// Per-row kernels for the off-diagonal part of centred normalisation
+// Jacobians (layer norm; batch norm with batch statistics).
+//
+// With x̂ the normalised row (N elements) and c_i the scale of output i,
+//     J[i, j] = c_i (δ_ij − (1 + x̂_i x̂_j) / N),
+// so off the diagonal the weight factors into lift(−c_i/N) ⊗ lift(1 + x̂_i x̂_j)
+// and the semiring value of input j is
+//     out_j = ⊕_{i≠j} a_i ⊗ lift(1 + x_i x_j),     a_i = g_i ⊗ lift(−c_i/N).
+// Each function below computes that, per row, for one family of semirings,
+// without the N×N block:
+//
+//   sum_rows        Σ_{i≠j} w_i |1 + x_i x_j|  (or Σ w_i [1 + x_i x_j ≠ 0])  abs, count
+//   logsumexp_rows  log Σ_{i≠j} e^{a_i} |1 + x_i x_j|                          log
+//   entropy_rows    the (log Z, R/Z) pair of the expectation semiring           entropy
+//   max_rows        max_{i≠j} w_i |1 + x_i x_j|  (or, log_space, of a_i + log|·|)  max_abs, viterbi
+//   signed_max_rows (max, min)_{i≠j} of M_i y_ij and m_i y_ij, y = 1 + x_i x_j  max_prod
+//
+// Cost per row (x sorted once by an LSD radix sort, O(N)):
+//   sums:   O(N log N) — |1 + x_i t| changes sign once in the sorted x (at
+//           x = −1/t), so each side is Σw + t·Σw·x over a range of the sorted
+//           row, read from a disjoint sparse table (range sums with no
+//           subtraction, so no cancellation against the excluded i = j or an
+//           outlier). Terms with |1 + x_i t| < δ (x_i within a relative δ of
+//           −1/t, where Σw + t·Σw·x would cancel) are summed directly.
+//   entropy: the sums above for Z and Σ w h |y|, plus Σ_{i≠j} w_i φ(y_ij),
+//           φ(y) = |y| log|y|, which separates in no way: a direct, symmetric
+//           (φ_ij = φ_ji: N(N−1)/2 logarithms), vectorised O(N²) pass that never
+//           stores the block.
+//   max:    O(N log N) — the upper envelope of the 2N lines ±w_i(1 + x_i t)
+//           (max_prod: M_i(1 + x_i t), m_i(1 + x_i t)), evaluated at the sorted
+//           queries; where a query's best line is its own (i = j, excluded), its
+//           maximum over the others is taken directly (O(N), for at most the
+//           owners on the envelope).
+// Log-space inputs are shifted by the row maximum into linear space (float64
+// inside, whatever the input dtype); an output whose surviving mass does not
+// dominate what underflow may have dropped is recomputed exactly in log space
+// (O(N) for that output).
+//
+// Every function takes CPU tensors of shape (R, N) (float32 or float64; x
+// finite) and returns float64 results of that shape; it returns UNDEFINED
+// tensors when it does not apply (non-CPU tensors, other dtypes, NaN inputs,
+// +∞ log values, x not finite) — the caller then takes the generic path.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <tuple>
+
+namespace torch_semiring::kernels {
+
+// w ≥ 0 (linear space). nonzero: count semiring, lift(y) = [y ≠ 0] instead of |y|.
+at::Tensor sum_rows(const at::Tensor& w, const at::Tensor& x, bool nonzero);
+// a: log values (−∞ = no path).
+at::Tensor logsumexp_rows(const at::Tensor& a, const at::Tensor& x);
+// (ℓ, h): the entropy semiring's log Z and R/Z per element (h = 0 where ℓ = −∞).
+std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l, const at::Tensor& h, const at::Tensor& x);
+// w ≥ 0 (linear) or, with log_space, log values: the best path through the row.
+at::Tensor max_rows(const at::Tensor& w, const at::Tensor& x, bool log_space);
+// M ≥ m signed path products (M = −∞: no path): (max, min) over i ≠ j.
+std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M, const at::Tensor& m, const at::Tensor& x);
+
+}  // namespace torch_semiring::kernels
