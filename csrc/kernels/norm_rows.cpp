@@ -38,9 +38,12 @@ constexpr double kUnderflowGuard = 1e-290;
 // 1 + x·t, rounded as the generic path (Semiring::norm_offdiagonal) rounds it —
 // product, then sum — so both agree on which weights are exactly 0 (no edge).
 template <class T>
-inline T one_plus(T x, T t) {
-  const T p = x * t;
-  return p + T(1);
+inline __attribute__((always_inline)) T one_plus(T x, T t) {
+  T p = x * t;
+#if defined(__x86_64__) || defined(__i386__)
+  asm("" : "+v"(p));  // never fused into an FMA, whatever the caller's contraction setting
+#endif
+  return p + 1;
 }
 
 // ---- sorting ---------------------------------------------------------------
@@ -212,6 +215,11 @@ struct SumRow {
 
 // ---- Σ_{i≠j} w_i φ(1 + x_i x_j), φ(y) = |y| log|y|: direct and symmetric -----
 
+// The φ pass may contract multiply-adds into FMAs (its 1 + x·t is protected
+// explicitly, see phi_row_impl).
+#pragma GCC push_options
+#pragma GCC optimize("fp-contract=fast")
+
 template <class T, int Bytes>
 struct Vec {
   typedef T type __attribute__((vector_size(Bytes)));
@@ -233,9 +241,11 @@ struct Bits<double> {
   static constexpr int kTerms = 11;
 };
 
-// Natural log of positive, normal, finite lanes: x = 2^e·m, m ∈ [√½, √2),
-// log m = 2 atanh(f) = 2f Σ_k f^{2k}/(2k+1) with f = (m − 1)/(m + 1), |f| ≤ 0.172
-// (5 terms reach float precision, 11 double). ~2 ulp.
+// Natural log of positive, normal, finite lanes: x = 2^e·m, m ∈ [√½, √2).
+//   float:  log m = f − f²/2 + f³ P(f), f = m − 1, P of degree 8 fitted to
+//           relative error (≤ 1.2e-7 in float arithmetic, ~1 ulp): no division.
+//   double: log m = 2 atanh(u) = 2u Σ_k u^{2k}/(2k+1), u = (m − 1)/(m + 1),
+//           |u| ≤ 0.172, 11 terms: ~2 ulp.
 template <class T, class V>
 inline __attribute__((always_inline)) V vector_log(V x) {
   using B = Bits<T>;
@@ -247,10 +257,23 @@ inline __attribute__((always_inline)) V vector_log(V x) {
   IV big = m > T(1.4142135623730951);              // −1 where m ≥ √2
   m = big ? m * T(0.5) : m;
   e = e - big;
-  const V f = (m - T(1)) / (m + T(1)), s = f * f;
-  V series = V{} + T(1) / T(2 * B::kTerms - 1);
-  for (int k = B::kTerms - 2; k >= 0; --k) series = series * s + T(1) / T(2 * k + 1);
-  return __builtin_convertvector(e, V) * T(0.6931471805599453) + T(2) * f * series;
+  V log_m;
+  if constexpr (sizeof(T) == 4) {
+    static constexpr float P[] = {0.33333311f, -0.25000014f, 0.20002202f, -0.16667784f, 0.14218026f,
+                                  -0.12408933f, 0.11901551f, -0.11658812f, 0.06696866f};
+    const V f = m - T(1), f2 = f * f, f4 = f2 * f2;
+    // Estrin's scheme: a dependency chain of 4 steps instead of Horner's 8
+    const V p01 = P[0] + P[1] * f, p23 = P[2] + P[3] * f, p45 = P[4] + P[5] * f, p67 = P[6] + P[7] * f;
+    const V p = (p01 + p23 * f2) + (p45 + p67 * f2) * f4 + P[8] * (f4 * f4);
+    log_m = f - T(0.5) * f2 + f2 * f * p;
+  } else {
+    const V u = (m - T(1)) / (m + T(1)), s = u * u;
+    V series = V{} + T(1) / T(2 * B::kTerms - 1);
+#pragma GCC unroll 16
+    for (int k = B::kTerms - 2; k >= 0; --k) series = series * s + T(1) / T(2 * k + 1);
+    log_m = T(2) * u * series;
+  }
+  return __builtin_convertvector(e, V) * T(0.6931471805599453) + log_m;
 }
 
 template <class T>
@@ -262,7 +285,6 @@ inline T phi(T y) {
 template <class T, class V>
 inline __attribute__((always_inline)) void phi_row_impl(const T* x, const T* w, T* F, int64_t n) {
   constexpr int L = sizeof(V) / sizeof(T);
-  using IV = typename Vec<typename Bits<T>::type, sizeof(V)>::type;
   for (int64_t j = 0; j < n; ++j) F[j] = 0;
   for (int64_t i = 0; i < n; ++i) {
     const T xi = x[i], wi = w[i];
@@ -274,11 +296,11 @@ inline __attribute__((always_inline)) void phi_row_impl(const T* x, const T* w, 
       std::memcpy(&xj, x + j, sizeof(V));
       std::memcpy(&wj, w + j, sizeof(V));
       std::memcpy(&Fj, F + j, sizeof(V));
-      const V y = xj * xi + T(1);
+      const V y = one_plus(xj, V{} + xi);  // vectors: the same rounding as every scalar 1 + x·t
       const V a = y < T(0) ? -y : y;
-      const IV zero = a == T(0);
-      V p = a * vector_log<T, V>(zero ? a + T(1) : a);  // log 1 = 0 keeps the lane finite
-      p = zero ? V{} : p;                                // no edge: φ = 0
+      // y = 0 (no edge): vector_log reads the zero exponent as 2^-bias, a
+      // finite value, so φ = 0·finite = 0 with no mask.
+      const V p = a * vector_log<T, V>(a);
       Fj += wi * p;
       acc += wj * p;
       std::memcpy(F + j, &Fj, sizeof(V));
@@ -309,6 +331,8 @@ template <class T>
 __attribute__((flatten)) void phi_row_portable(const T* x, const T* w, T* F, int64_t n) {
   phi_row_impl<T, typename Vec<T, 16>::type>(x, w, F, n);
 }
+
+#pragma GCC pop_options
 
 // The φ pass for this machine's instruction set (TORCH_SEMIRING_KERNEL_ISA
 // lowers it, as for the GEMM kernels).
@@ -383,23 +407,65 @@ struct EnvelopeRow {
   // by_query: the row's positions in ascending x.
   void run(const double* alpha, const double* x, int64_t n, const int32_t* by_query, double* upper,
            double* lower) {
+    if (n == 0) return;
+    best_of(alpha, x, n, by_query, 1.0, upper);
+    if (lower) {  // min = −max(−α…); no line: +∞
+      best_of(alpha, x, n, by_query, -1.0, lower);
+      for (int64_t j = 0; j < n; ++j) lower[j] = -lower[j];
+    }
+  }
+
+  // The maximum of the lines sign·α at every query. Lines that are nowhere
+  // above a lower bound of the answer are dropped first: over the queries'
+  // range [t0, t1] a line is between its values at the ends, so the second
+  // best owner's lowest value (a line without a root in the range, hence an
+  // edge at every query) bounds every query's answer from below, whichever
+  // owner a query excludes; a line whose highest value is below it never
+  // wins. With values spread over orders of magnitude (log-space semirings)
+  // few lines are left and each query takes the best of them directly;
+  // otherwise the survivors go through the envelope.
+  void best_of(const double* alpha, const double* x, int64_t n, const int32_t* by_query, double sign,
+               double* out) {
+    const double t0 = x[by_query[0]], t1 = x[by_query[n - 1]];
+    double first = -kInf, second = -kInf;  // the two best owners' lowest values
+    for (int64_t i = 0; i < n; ++i) {
+      const double y0 = one_plus(x[i], t0), y1 = one_plus(x[i], t1);
+      if (!(y0 > 0 && y1 > 0)) continue;  // a root in the range: no edge there, no bound
+      double low = -kInf;
+      for (int c = 0; c < 2; ++c) {
+        const double a = sign * alpha[2 * i + c];
+        if (!std::isnan(a)) low = std::max(low, std::min(a * y0, a * y1));
+      }
+      if (low > first) second = first, first = low;
+      else if (low > second) second = low;
+    }
     lines.clear(), slopes.clear();
     for (int64_t i = 0; i < n; ++i)
       for (int c = 0; c < 2; ++c) {
-        const double a = alpha[2 * i + c];
+        const double a = sign * alpha[2 * i + c];
         if (std::isnan(a)) continue;
+        const double high = std::max(a * one_plus(x[i], t0), a * one_plus(x[i], t1));
+        if (high < second) continue;  // below the bound at every query
         lines.push_back({a * x[i], a, int32_t(i), band_of(a)});
         slopes.push_back(a * x[i]);
       }
-    by_slope.resize(lines.size());
-    sorter.sort(slopes.data(), int64_t(lines.size()), by_slope.data());
-    envelope(alpha, x, n, by_query, 1.0, upper);
-    if (lower) {  // −α: slopes negated, so the ascending order is the reverse one
-      for (auto& l : lines) l.slope = -l.slope, l.intercept = -l.intercept;
-      std::reverse(by_slope.begin(), by_slope.end());
-      envelope(alpha, x, n, by_query, -1.0, lower);
-      for (int64_t j = 0; j < n; ++j) lower[j] = -lower[j];  // min = −max(−α…); no line: +∞
+    const int64_t L = int64_t(lines.size());
+    if (L <= std::max<int64_t>(16, n / 16)) {
+      for (int64_t j = 0; j < n; ++j) {
+        const double t = x[j];
+        double best = -kInf;
+        for (const auto& l : lines) {
+          if (l.owner == j) continue;
+          const double y = one_plus(x[l.owner], t);
+          if (y != 0) best = std::max(best, l.intercept * y);
+        }
+        out[j] = best;
+      }
+      return;
     }
+    by_slope.resize(L);
+    sorter.sort(slopes.data(), L, by_slope.data());
+    envelope(alpha, x, n, by_query, sign, out);
   }
 
   void envelope(const double* alpha, const double* x, int64_t n, const int32_t* by_query, double sign,
