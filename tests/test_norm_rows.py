@@ -26,7 +26,11 @@ from reference import SEMIRING_NAMES, reference_values
 from test_reference import assert_values_equal
 
 D = torch.float64
-KERNEL_SEMIRINGS = ["abs", "count", "log", "entropy", "max_abs", "viterbi", "max_prod"]
+KERNEL_SEMIRINGS = ["abs", "count", "log", "entropy", "max_abs", "viterbi", "max_prod", "kmax"]
+
+
+def make(name):
+    return _C.make_semiring(name, 3 if name == "kmax" else 1)
 
 
 def random_value(sr, shape, g, spread=1.0):
@@ -69,9 +73,9 @@ ROW_KINDS = ["random", "ties", "zero_weights", "near_sign_change", "zeros", "out
 
 @pytest.mark.parametrize("semiring", KERNEL_SEMIRINGS)
 @pytest.mark.parametrize("kind", ROW_KINDS)
-@pytest.mark.parametrize("N", [1, 2, 3, 8, 33])
+@pytest.mark.parametrize("N", [1, 2, 3, 8, 33, 150])
 def test_kernel_equals_block_version(semiring, kind, N):
-    sr = _C.make_semiring(semiring, 1)
+    sr = make(semiring)
     g = torch.Generator().manual_seed(zlib.crc32(f"{semiring}/{kind}/{N}".encode()))
     R = 4
     x = rows_of(kind, R, N, g)
@@ -85,17 +89,19 @@ def test_kernel_equals_block_version(semiring, kind, N):
             assert_values_equal(got[c], want[c], semiring, f"{semiring}/{kind}/N={N}/component {c}")
 
 
-@pytest.mark.parametrize("semiring", ["log", "entropy", "viterbi"])
+@pytest.mark.parametrize("semiring", ["log", "entropy", "viterbi", "kmax"])
 def test_log_space_rows_spanning_thousands_of_nats(semiring):
     # exp(a − max) underflows to 0 for most of the row; outputs whose mass is
     # all below the float64 range are recomputed in log space
-    sr = _C.make_semiring(semiring, 1)
+    sr = make(semiring)
     g = torch.Generator().manual_seed(7)
     N = 12
     x = torch.randn(3, N, generator=g, dtype=D)
     a = random_value(sr, (3, N), g)
-    a[0] = a[0] + torch.linspace(0, -4000, N, dtype=D)  # ℓ (viterbi's value) falls by 4000 nats along the row
-    a[0, 1, 5] = 3000.0  # one huge outlier
+    # the log values (ℓ; all of kmax's scores) fall by 4000 nats along the row, one is a huge outlier
+    log_part = slice(None) if semiring == "kmax" else slice(0, 1)
+    a[log_part] = a[log_part] + torch.linspace(0, -4000, N, dtype=D)
+    a[log_part, 1, 5] = a[log_part, 1, 5] - a[0, 1, 5] + 3000.0
     got, want = sr.norm_offdiagonal(a, x), sr.generic_norm_offdiagonal(a, x)
     for c in range(got.shape[0]):
         assert_values_equal(got[c], want[c], semiring, f"{semiring} component {c}")
@@ -103,7 +109,7 @@ def test_log_space_rows_spanning_thousands_of_nats(semiring):
 
 @pytest.mark.parametrize("semiring", KERNEL_SEMIRINGS)
 def test_float32_rows(semiring):
-    sr = _C.make_semiring(semiring, 1)
+    sr = make(semiring)
     g = torch.Generator().manual_seed(11)
     x = F.layer_norm(torch.randn(6, 384, generator=g, dtype=D), (384,))
     a = random_value(sr, (6, 384), g)
@@ -118,7 +124,7 @@ def test_float32_rows(semiring):
 def test_kernels_decline_what_they_cannot_reproduce():
     # NaN values or x: the generic arithmetic (which propagates them) runs
     for name in KERNEL_SEMIRINGS:
-        sr = _C.make_semiring(name, 1)
+        sr = make(name)
         x = torch.randn(2, 5, dtype=D)
         a = random_value(sr, (2, 5), torch.Generator().manual_seed(1))
         a[0, 0, 0] = math.nan
@@ -134,7 +140,7 @@ def test_kernels_decline_what_they_cannot_reproduce():
 @given(st.integers(1, 40), st.integers(0, 2**31 - 1), st.sampled_from(KERNEL_SEMIRINGS),
        st.sampled_from(ROW_KINDS))
 def test_kernel_equals_block_version_property(N, seed, semiring, kind):
-    sr = _C.make_semiring(semiring, 1)
+    sr = make(semiring)
     g = torch.Generator().manual_seed(seed)
     x = rows_of(kind, 2, N, g) * (1 + 3 * torch.rand(1, generator=g, dtype=D))
     a = random_value(sr, (2, N), g, spread=float(torch.rand(1, generator=g)) * 20)
@@ -219,7 +225,7 @@ def test_infinite_sums(semiring):
     # i = j) does not — where the block version multiplies inf by 0 (NaN)
     x = torch.tensor([[2.0, -0.5, 0.3, 1.1], [0.2, -0.1, 0.4, 0.0]], dtype=D)
     a = torch.tensor([[[math.inf, 1.0, 2.0, 3.0], [1.0, 2.0, math.inf, math.inf]]], dtype=D)
-    sr = _C.make_semiring(semiring, 1)
+    sr = make(semiring)
     got = sr.norm_offdiagonal(a, x)[0]
     want = torch.zeros(2, 4, dtype=D)
     for r in range(2):

@@ -353,9 +353,8 @@ PhiRow<T> pick_phi_row() {
 // max over lines l (owner o_l, coefficient α_l) of α_l·(1 + x_{o_l} t) at every
 // query t = x_j, lines of owner j excluded, edges with 1 + x_o t = 0 excluded
 // (they do not exist). Lines are given per owner: alpha[2i], alpha[2i + 1]
-// (NaN = absent); out[j] = −∞ where no line is left. `lower` also gives the
-// minimum (the upper envelope of the negated lines, whose slope order is the
-// reverse: one sort serves both).
+// (NaN = absent); out[j] = −∞ where no line is left. The fallback of
+// TopCandidates (below) when pruning leaves too many lines.
 //
 // Lines are grouped into bands of |α| within a factor 2^16 and each band gets
 // its own upper hull: a hull test mixing |α| of 1e47 and 1e21 would round
@@ -404,67 +403,20 @@ struct EnvelopeRow {
     return uint8_t(((u >> 52) & 0x7ff) >> kBandShift);
   }
 
-  // by_query: the row's positions in ascending x.
-  void run(const double* alpha, const double* x, int64_t n, const int32_t* by_query, double* upper,
-           double* lower) {
-    if (n == 0) return;
-    best_of(alpha, x, n, by_query, 1.0, upper);
-    if (lower) {  // min = −max(−α…); no line: +∞
-      best_of(alpha, x, n, by_query, -1.0, lower);
-      for (int64_t j = 0; j < n; ++j) lower[j] = -lower[j];
-    }
-  }
-
-  // The maximum of the lines sign·α at every query. Lines that are nowhere
-  // above a lower bound of the answer are dropped first: over the queries'
-  // range [t0, t1] a line is between its values at the ends, so the second
-  // best owner's lowest value (a line without a root in the range, hence an
-  // edge at every query) bounds every query's answer from below, whichever
-  // owner a query excludes; a line whose highest value is below it never
-  // wins. With values spread over orders of magnitude (log-space semirings)
-  // few lines are left and each query takes the best of them directly;
-  // otherwise the survivors go through the envelope.
+  // The maximum of the lines sign·α at every query (by_query: the row's
+  // positions in ascending x), by their banded upper envelope: O(N log N).
   void best_of(const double* alpha, const double* x, int64_t n, const int32_t* by_query, double sign,
                double* out) {
-    const double t0 = x[by_query[0]], t1 = x[by_query[n - 1]];
-    double first = -kInf, second = -kInf;  // the two best owners' lowest values
-    for (int64_t i = 0; i < n; ++i) {
-      const double y0 = one_plus(x[i], t0), y1 = one_plus(x[i], t1);
-      if (!(y0 > 0 && y1 > 0)) continue;  // a root in the range: no edge there, no bound
-      double low = -kInf;
-      for (int c = 0; c < 2; ++c) {
-        const double a = sign * alpha[2 * i + c];
-        if (!std::isnan(a)) low = std::max(low, std::min(a * y0, a * y1));
-      }
-      if (low > first) second = first, first = low;
-      else if (low > second) second = low;
-    }
     lines.clear(), slopes.clear();
     for (int64_t i = 0; i < n; ++i)
       for (int c = 0; c < 2; ++c) {
         const double a = sign * alpha[2 * i + c];
         if (std::isnan(a)) continue;
-        const double high = std::max(a * one_plus(x[i], t0), a * one_plus(x[i], t1));
-        if (high < second) continue;  // below the bound at every query
         lines.push_back({a * x[i], a, int32_t(i), band_of(a)});
         slopes.push_back(a * x[i]);
       }
-    const int64_t L = int64_t(lines.size());
-    if (L <= std::max<int64_t>(16, n / 16)) {
-      for (int64_t j = 0; j < n; ++j) {
-        const double t = x[j];
-        double best = -kInf;
-        for (const auto& l : lines) {
-          if (l.owner == j) continue;
-          const double y = one_plus(x[l.owner], t);
-          if (y != 0) best = std::max(best, l.intercept * y);
-        }
-        out[j] = best;
-      }
-      return;
-    }
-    by_slope.resize(L);
-    sorter.sort(slopes.data(), L, by_slope.data());
+    by_slope.resize(lines.size());
+    sorter.sort(slopes.data(), int64_t(lines.size()), by_slope.data());
     envelope(alpha, x, n, by_query, sign, out);
   }
 
@@ -526,6 +478,114 @@ struct EnvelopeRow {
       // non-edge (1 + x t = 0) may have produced: the maximum over the others.
       out[j] = own || best == 0 ? direct(alpha, x, n, j, sign) : best;
     }
+  }
+};
+
+// ---- pruned candidates, block by block -------------------------------------------
+
+// The K best of v_l(t) = α_l·L(1 + x_l t) over candidates l at every query
+// t = x_j — L = |·| (abs lines, α ≥ 0) or the identity (signed lines) —
+// skipping candidates owned by j and those with 1 + x_l t = 0 (no edge).
+//
+// Queries are taken in blocks of consecutive sorted x, [t0, t1]. Over a block
+// a candidate lies between its values at the ends (linear in t; for |·| when
+// 1 + x t keeps its sign), so: the K-th largest "lowest value" among
+// candidates without a root in the block bounds every query's K-th best from
+// below — made valid whichever owner a query excludes by taking the worst
+// over removing each owner of the top K (the top 2K hold the answer) — and a
+// candidate whose highest value over the block is below that bound never
+// makes a query's top K. The rest are merged directly per query. With values
+// spread over orders of magnitude (log-space semirings) or narrow blocks, few
+// survive: O(N·K) per block for the bounds, O(B·S·K) for B queries and S
+// survivors. Returns false (nothing written) when some block keeps more than
+// `max_survivors`: the caller then takes its O(N log N) envelope instead.
+struct TopCandidates {
+  struct Candidate {
+    double alpha, x;
+    int32_t owner;
+  };
+  struct Bound {
+    double value;
+    int32_t owner;
+  };
+  static constexpr int64_t kBlock = 32;
+  std::vector<Candidate> row, kept;
+  std::vector<Bound> lows;
+  std::vector<double> best;
+
+  static double value(bool abs_lines, double alpha, double y) { return alpha * (abs_lines ? std::abs(y) : y); }
+
+  // Candidates of `from` that may make a query's top K over [t0, t1] (see above).
+  // per_owner: the most candidates one owner has.
+  void survivors(const std::vector<Candidate>& from, bool abs_lines, int64_t K, int64_t per_owner, double t0,
+                 double t1, std::vector<Candidate>& to) {
+    lows.clear();
+    for (const auto& c : from) {
+      const double y0 = one_plus(c.x, t0), y1 = one_plus(c.x, t1);
+      if ((y0 > 0 && y1 > 0) || (y0 < 0 && y1 < 0))
+        lows.push_back({std::min(value(abs_lines, c.alpha, y0), value(abs_lines, c.alpha, y1)), c.owner});
+    }
+    // The K-th best low without the owner of each of the top K; removing an
+    // owner drops at most per_owner entries, so the top (per_owner + 1)·K hold
+    // every answer.
+    double bound = -kInf;
+    const int64_t head = std::min<int64_t>(int64_t(lows.size()), (per_owner + 1) * K);
+    if (head >= K) {
+      std::partial_sort(lows.begin(), lows.begin() + head, lows.end(),
+                        [](const Bound& p, const Bound& q) { return p.value > q.value; });
+      bound = lows[K - 1].value;
+      for (int64_t r = 0; r < K && bound > -kInf; ++r) {
+        int64_t seen = 0;
+        double kth = -kInf;
+        for (int64_t e = 0; e < head; ++e)
+          if (lows[e].owner != lows[r].owner && ++seen == K) {
+            kth = lows[e].value;
+            break;
+          }
+        bound = std::min(bound, kth);
+      }
+    }
+    to.clear();
+    for (const auto& c : from)
+      if (std::max(value(abs_lines, c.alpha, one_plus(c.x, t0)), value(abs_lines, c.alpha, one_plus(c.x, t1))) >=
+          bound)
+        to.push_back(c);
+  }
+
+  // out[slot * n + j], slots descending; −∞ where fewer than K candidates.
+  bool run(const std::vector<Candidate>& all, bool abs_lines, int64_t K, int64_t per_owner, const double* x,
+           int64_t n, const int32_t* by_query, int64_t max_survivors, double* out) {
+    best.resize(K);
+    auto merge = [&](const std::vector<Candidate>& cands, int64_t q0, int64_t q1) {
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t j = by_query[q];
+        const double t = x[j];
+        std::fill(best.begin(), best.end(), -kInf);
+        for (const auto& c : cands) {
+          if (c.owner == j) continue;
+          const double y = one_plus(c.x, t);
+          if (y == 0) continue;
+          double v = value(abs_lines, c.alpha, y);
+          if (!(v > best[K - 1])) continue;
+          for (int64_t s = 0; s < K; ++s)  // insertion into the descending list
+            if (v > best[s]) std::swap(v, best[s]);
+        }
+        for (int64_t s = 0; s < K; ++s) out[s * n + j] = best[s];
+      }
+    };
+    // First over the whole range; if many survive, block by block.
+    survivors(all, abs_lines, K, per_owner, x[by_query[0]], x[by_query[n - 1]], row);
+    if (int64_t(row.size()) <= 2 * kBlock) {
+      merge(row, 0, n);
+      return true;
+    }
+    for (int64_t q0 = 0; q0 < n; q0 += kBlock) {
+      const int64_t q1 = std::min(n, q0 + kBlock);
+      survivors(row, abs_lines, K, per_owner, x[by_query[q0]], x[by_query[q1 - 1]], kept);
+      if (int64_t(kept.size()) > max_survivors) return false;
+      merge(kept, q0, q1);
+    }
+    return true;
   }
 };
 
@@ -709,9 +769,11 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
   const double *pw = w.data_ptr<double>(), *px = x.data_ptr<double>();
   double* po = out.data_ptr<double>();
   at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    TopCandidates top;
     EnvelopeRow env;
     RadixSorter sorter;
     std::vector<int32_t> by_query(n);
+    std::vector<TopCandidates::Candidate> candidates;
     std::vector<double> alpha(2 * n), best(n);
     for (int64_t r = r0; r < r1; ++r) {
       const double *wr = pw + r * n, *xr = px + r * n;
@@ -724,14 +786,18 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
           continue;
         }
       }
-      const double nan = std::numeric_limits<double>::quiet_NaN();
+      candidates.clear();
       for (int64_t i = 0; i < n; ++i) {
         const double v = log_space ? std::exp(wr[i] - sc.top) : wr[i];
-        alpha[2 * i] = v > 0 ? v : nan;  // weight 0: no path through i
-        alpha[2 * i + 1] = v > 0 ? -v : nan;
+        if (v > 0) candidates.push_back({v, xr[i], int32_t(i)});  // weight 0: no path through i
       }
       sorter.sort(xr, n, by_query.data());
-      env.run(alpha.data(), xr, n, by_query.data(), best.data(), nullptr);
+      if (!top.run(candidates, /*abs_lines=*/true, 1, 1, xr, n, by_query.data(), std::max<int64_t>(64, n / 4), best.data())) {
+        const double nan = std::numeric_limits<double>::quiet_NaN();
+        std::fill(alpha.begin(), alpha.end(), nan);
+        for (const auto& c : candidates) alpha[2 * c.owner] = c.alpha, alpha[2 * c.owner + 1] = -c.alpha;
+        env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, best.data());
+      }
       for (int64_t j = 0; j < n; ++j) {
         if (!log_space) {
           o[j] = best[j] > 0 ? best[j] : 0.0;  // no edge: the zero of max_abs
@@ -758,23 +824,91 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const
   const double *pM = M.data_ptr<double>(), *pm = m.data_ptr<double>(), *px = x.data_ptr<double>();
   double *poM = out_M.data_ptr<double>(), *pom = out_m.data_ptr<double>();
   at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    TopCandidates top;
     EnvelopeRow env;
     RadixSorter sorter;
     std::vector<int32_t> by_query(n);
+    std::vector<TopCandidates::Candidate> upper, lower;
     std::vector<double> alpha(2 * n), hi(n), lo(n);
     const double nan = std::numeric_limits<double>::quiet_NaN();
     for (int64_t r = r0; r < r1; ++r) {
       const double *Mr = pM + r * n, *mr = pm + r * n, *xr = px + r * n;
+      upper.clear(), lower.clear();
       for (int64_t i = 0; i < n; ++i) {
         const bool none = Mr[i] == -kInf;
         alpha[2 * i] = none ? nan : Mr[i], alpha[2 * i + 1] = none ? nan : mr[i];
+        if (none) continue;
+        upper.push_back({Mr[i], xr[i], int32_t(i)}), upper.push_back({mr[i], xr[i], int32_t(i)});
+        lower.push_back({-Mr[i], xr[i], int32_t(i)}), lower.push_back({-mr[i], xr[i], int32_t(i)});
       }
       sorter.sort(xr, n, by_query.data());
-      env.run(alpha.data(), xr, n, by_query.data(), hi.data(), lo.data());
-      for (int64_t j = 0; j < n; ++j) poM[r * n + j] = hi[j], pom[r * n + j] = lo[j];
+      const int64_t most = std::max<int64_t>(64, n / 4);
+      if (!top.run(upper, /*abs_lines=*/false, 1, 2, xr, n, by_query.data(), most, hi.data()))
+        env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, hi.data());
+      if (!top.run(lower, /*abs_lines=*/false, 1, 2, xr, n, by_query.data(), most, lo.data()))
+        env.best_of(alpha.data(), xr, n, by_query.data(), -1.0, lo.data());
+      for (int64_t j = 0; j < n; ++j) poM[r * n + j] = hi[j], pom[r * n + j] = -lo[j];  // no line: (−∞, +∞)
     }
   });
   return {out_M, out_m};
+}
+
+at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
+  if (!a_in.defined() || a_in.dim() != 3 || !applies({a_in.select(0, 0), x_in}) || !finite(x_in) ||
+      (a_in.numel() && (a_in.isnan().any().item<bool>() || (a_in == kInf).any().item<bool>())))
+    return {};
+  const int64_t K = a_in.size(0);
+  auto a = as_double(a_in), x = as_double(x_in);
+  const int64_t R = x.size(0), n = x.size(1);
+  auto out = at::empty({K, R, n}, x.options());
+  const double *pa = a.data_ptr<double>(), *px = x.data_ptr<double>();
+  double* po = out.data_ptr<double>();
+  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+    TopCandidates top;
+    RadixSorter sorter;
+    std::vector<int32_t> by_query(n);
+    std::vector<TopCandidates::Candidate> candidates;
+    std::vector<double> best(K * n), exact(K * n);
+    for (int64_t r = r0; r < r1; ++r) {
+      const double* xr = px + r * n;
+      auto score = [&](int64_t c, int64_t i) { return pa[(c * R + r) * n + i]; };
+      double top_score = -kInf, xmax = 0;
+      for (int64_t i = 0; i < n; ++i) top_score = std::max(top_score, score(0, i)), xmax = std::max(xmax, std::abs(xr[i]));
+      if (top_score == -kInf) {
+        for (int64_t c = 0; c < K; ++c) std::fill(po + (c * R + r) * n, po + (c * R + r + 1) * n, -kInf);
+        continue;
+      }
+      candidates.clear();
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < K; ++c) {
+          const double v = std::exp(score(c, i) - top_score);
+          if (!(v > 0)) break;  // scores descend: the rest are no paths (or underflow, see below)
+          candidates.push_back({v, xr[i], int32_t(i)});
+        }
+      sorter.sort(xr, n, by_query.data());
+      top.run(candidates, /*abs_lines=*/true, K, K, xr, n, by_query.data(), std::numeric_limits<int64_t>::max(),
+              best.data());
+      for (int64_t j = 0; j < n; ++j) {
+        const double t = xr[j];
+        // Underflow guard: the K-th slot may miss candidates whose e^{a − top}
+        // fell below the double range; recompute such a query in log space.
+        if (!(best[(K - 1) * n + j] >= kUnderflowGuard * double(n * K) * (1.0 + xmax * std::abs(t)))) {
+          int64_t m = 0;
+          for (int64_t i = 0; i < n; ++i) {
+            const double y = one_plus(xr[i], t);
+            if (i == j || y == 0) continue;
+            for (int64_t c = 0; c < K && score(c, i) > -kInf; ++c) exact[m++] = score(c, i) + std::log(std::abs(y));
+          }
+          std::partial_sort(exact.begin(), exact.begin() + std::min<int64_t>(m, K), exact.begin() + m,
+                            std::greater<double>());
+          for (int64_t c = 0; c < K; ++c) po[(c * R + r) * n + j] = c < m ? exact[c] : -kInf;
+        } else {
+          for (int64_t c = 0; c < K; ++c) po[(c * R + r) * n + j] = top_score + std::log(best[c * n + j]);
+        }
+      }
+    }
+  });
+  return out;
 }
 
 }  // namespace torch_semiring::kernels

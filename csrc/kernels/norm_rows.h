@@ -14,6 +14,7 @@
 //   entropy_rows    the (log Z, R/Z) pair of the expectation semiring           entropy
 //   max_rows        max_{i≠j} w_i |1 + x_i x_j|  (or, log_space, of a_i + log|·|)  max_abs, viterbi
 //   signed_max_rows (max, min)_{i≠j} of M_i y_ij and m_i y_ij, y = 1 + x_i x_j  max_prod
+//   topk_rows       the k largest of a_ic + log|1 + x_i x_j| over i ≠ j, c ≤ k  kmax
 //
 // Cost per row (x sorted once by an LSD radix sort, O(N)):
 //   sums:   O(N log N) — |1 + x_i t| changes sign once in the sorted x (at
@@ -30,7 +31,12 @@
 //           (max_prod: M_i(1 + x_i t), m_i(1 + x_i t)), evaluated at the sorted
 //           queries; where a query's best line is its own (i = j, excluded), its
 //           maximum over the others is taken directly (O(N), for at most the
-//           owners on the envelope).
+//           owners on the envelope). Before that, lines that are nowhere above
+//           a lower bound of every answer are dropped; when few are left (values
+//           spread over orders of magnitude, as in log space) each query takes
+//           the best of them directly.
+//   top-k:  the same bound for the k-th best answer, then each query merges
+//           the surviving candidates: O(N·S·k) for S survivors (O(N²k) worst).
 // Log-space inputs are shifted by the row maximum into linear space (float64
 // inside, whatever the input dtype); an output whose surviving mass does not
 // dominate what underflow may have dropped is recomputed exactly in log space
@@ -58,5 +64,7 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l, const at::T
 at::Tensor max_rows(const at::Tensor& w, const at::Tensor& x, bool log_space);
 // M ≥ m signed path products (M = −∞: no path): (max, min) over i ≠ j.
 std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M, const at::Tensor& m, const at::Tensor& x);
+// a: (k, R, N) descending log scores per element (−∞ padded); returns (k, R, N).
+at::Tensor topk_rows(const at::Tensor& a, const at::Tensor& x);
 
 }  // namespace torch_semiring::kernels

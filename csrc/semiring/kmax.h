@@ -6,6 +6,7 @@
 #include "semiring.h"
 
 #include "kernels/cpu_gemm.h"
+#include "kernels/norm_rows.h"
 
 namespace torch_semiring {
 
@@ -22,6 +23,11 @@ class KMaxSemiring final : public Semiring {
   Tensor matmul(const Tensor& g, const Tensor& w) const override {
     auto fast = kernels::kmax_matmul(g, w, k_);
     return fast.defined() ? fast : Semiring::matmul(g, w);
+  }
+  // The k best of a_ic + log|1 + x_i x_j|: pruned by a bound, then merged per query (kernels/norm_rows).
+  Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
+    auto fast = kernels::topk_rows(a, x);
+    return fast.defined() ? fast.to(a.scalar_type()) : Semiring::norm_offdiagonal(a, x);
   }
 
  protected:

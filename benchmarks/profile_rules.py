@@ -7,32 +7,25 @@ rule. For each model (benchmarks/models.py) this measures the stock backward
 prints the rule families and node types that took the most time, with the
 share of the backward and the time as a multiple of the whole stock backward.
 One thread. A profile is not a benchmark (the profiler adds overhead per op):
-use benchmarks/run.py for timings.
+use benchmarks/run.py for timings. (Named profile_rules.py, not profile.py: a
+profile.py here would shadow the standard library's `profile` module, which
+torch imports, for every script in this folder.)
 
-    PYTHONPATH=python python benchmarks/profile.py [--models minilm-64,decoder] [--semirings viterbi,entropy] [--top 6]
+    PYTHONPATH=python python benchmarks/profile_rules.py [--models minilm-64,decoder] [--semirings viterbi,entropy] [--top 6]
 """
 from __future__ import annotations
 
+import argparse
+import collections
 import os
+import platform
+import statistics
 import sys
+import time
 
-# This file's name shadows the standard library's `profile` (which torch's
-# imports of cProfile need): take its folder off the module path first.
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.curdir) != HERE]
+import torch
 
-import argparse  # noqa: E402
-import collections  # noqa: E402
-import importlib.util  # noqa: E402
-import platform  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-
-import torch  # noqa: E402
-
-_spec = importlib.util.spec_from_file_location("benchmark_models", os.path.join(HERE, "models.py"))
-models = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(models)
+import models  # benchmarks/models.py (this folder is on the path when run as a script)
 
 SEMIRINGS = ["real", "viterbi", "max_abs", "abs", "count", "log", "entropy", "max_prod", "kmax"]
 
