@@ -220,61 +220,11 @@ struct SumRow {
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
 
-template <class T, int Bytes>
-struct Vec {
-  typedef T type __attribute__((vector_size(Bytes)));
-};
-template <class T>
-struct Bits;
-template <>
-struct Bits<float> {
-  using type = int32_t;
-  static constexpr int kMantissa = 23, kBias = 127;
-  static constexpr int32_t kMantissaMask = 0x007fffff, kOne = 0x3f800000, kExpMask = 0xff;
-  static constexpr int kTerms = 5;
-};
-template <>
-struct Bits<double> {
-  using type = int64_t;
-  static constexpr int kMantissa = 52, kBias = 1023;
-  static constexpr int64_t kMantissaMask = 0x000fffffffffffffLL, kOne = 0x3ff0000000000000LL, kExpMask = 0x7ff;
-  static constexpr int kTerms = 11;
-};
-
-// Natural log of positive, normal, finite lanes: x = 2^e·m, m ∈ [√½, √2).
-//   float:  log m = f − f²/2 + f³ P(f), f = m − 1, P of degree 8 fitted to
-//           relative error (≤ 1.2e-7 in float arithmetic, ~1 ulp): no division.
-//   double: log m = 2 atanh(u) = 2u Σ_k u^{2k}/(2k+1), u = (m − 1)/(m + 1),
-//           |u| ≤ 0.172, 11 terms: ~2 ulp.
-template <class T, class V>
-inline __attribute__((always_inline)) V vector_log(V x) {
-  using B = Bits<T>;
-  using I = typename B::type;
-  using IV = typename Vec<I, sizeof(V)>::type;
-  IV bits = (IV)x;
-  IV e = ((bits >> B::kMantissa) & B::kExpMask) - B::kBias;
-  V m = (V)((bits & B::kMantissaMask) | B::kOne);  // [1, 2)
-  IV big = m > T(1.4142135623730951);              // −1 where m ≥ √2
-  m = big ? m * T(0.5) : m;
-  e = e - big;
-  V log_m;
-  if constexpr (sizeof(T) == 4) {
-    static constexpr float P[] = {0.33333311f, -0.25000014f, 0.20002202f, -0.16667784f, 0.14218026f,
-                                  -0.12408933f, 0.11901551f, -0.11658812f, 0.06696866f};
-    const V f = m - T(1), f2 = f * f, f4 = f2 * f2;
-    // Estrin's scheme: a dependency chain of 4 steps instead of Horner's 8
-    const V p01 = P[0] + P[1] * f, p23 = P[2] + P[3] * f, p45 = P[4] + P[5] * f, p67 = P[6] + P[7] * f;
-    const V p = (p01 + p23 * f2) + (p45 + p67 * f2) * f4 + P[8] * (f4 * f4);
-    log_m = f - T(0.5) * f2 + f2 * f * p;
-  } else {
-    const V u = (m - T(1)) / (m + T(1)), s = u * u;
-    V series = V{} + T(1) / T(2 * B::kTerms - 1);
-#pragma GCC unroll 16
-    for (int k = B::kTerms - 2; k >= 0; --k) series = series * s + T(1) / T(2 * k + 1);
-    log_m = T(2) * u * series;
-  }
-  return __builtin_convertvector(e, V) * T(0.6931471805599453) + log_m;
-}
+// vector_log_normal: one comparison feeding one select, which GCC keeps
+// vectorised when the baseline-ISA helper is inlined into phi_row's targets.
+#include "kernels/vector_math.h"
+using vmath::Vec;
+using vmath::vector_log_normal;
 
 template <class T>
 inline T phi(T y) {
@@ -298,9 +248,9 @@ inline __attribute__((always_inline)) void phi_row_impl(const T* x, const T* w, 
       std::memcpy(&Fj, F + j, sizeof(V));
       const V y = one_plus(xj, V{} + xi);  // vectors: the same rounding as every scalar 1 + x·t
       const V a = y < T(0) ? -y : y;
-      // y = 0 (no edge): vector_log reads the zero exponent as 2^-bias, a
-      // finite value, so φ = 0·finite = 0 with no mask.
-      const V p = a * vector_log<T, V>(a);
+      // y = 0 (no edge): vector_log_normal reads the zero exponent as
+      // 2^-bias, a finite value, so φ = 0·finite = 0 with no mask.
+      const V p = a * vector_log_normal<T, V>(a);
       Fj += wi * p;
       acc += wj * p;
       std::memcpy(F + j, &Fj, sizeof(V));

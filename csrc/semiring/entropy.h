@@ -10,6 +10,7 @@
 #include "semiring.h"
 
 #include "kernels/cpu_gemm.h"
+#include "kernels/elementwise.h"
 #include "kernels/norm_rows.h"
 
 namespace torch_semiring {
@@ -54,10 +55,14 @@ class EntropySemiring final : public Semiring {
     return pair(a.select(0, 0) + b.select(0, 0), a.select(0, 1) + b.select(0, 1));
   }
   Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
+    auto fused = kernels::fused_edge(kernels::Fused::EntropyOps, a, w);  // one pass
+    if (fused.defined()) return fused;
     auto lw = w.abs().log();
     return pair(a.select(0, 0) + lw, a.select(0, 1) - lw);
   }
   Tensor do_oplus(const Tensor& a, const Tensor& b) const override {
+    auto fused = kernels::fused_pair(kernels::Fused::EntropyOps, a, b);  // one pass
+    if (fused.defined()) return fused;
     auto l1 = a.select(0, 0), l2 = b.select(0, 0);
     auto l = at::logaddexp(l1, l2);
     auto w1 = weight(l1, l), w2 = weight(l2, l);

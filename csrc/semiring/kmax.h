@@ -6,6 +6,7 @@
 #include "semiring.h"
 
 #include "kernels/cpu_gemm.h"
+#include "kernels/elementwise.h"
 #include "kernels/norm_rows.h"
 
 namespace torch_semiring {
@@ -57,9 +58,12 @@ class KMaxSemiring final : public Semiring {
   }
   // A lifted edge has one finite score: adding it keeps the order.
   Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
-    return a + w.abs().log();
+    auto fused = kernels::fused_edge(kernels::Fused::AddLogAbs, a, w);  // one pass (k ≤ 8)
+    return fused.defined() ? fused : a + w.abs().log();
   }
   Tensor do_oplus(const Tensor& a, const Tensor& b) const override {
+    auto fused = kernels::fused_pair(kernels::Fused::KMaxMerge, a, b);  // bitonic merge, one pass (k ≤ 8)
+    if (fused.defined()) return fused;
     auto sa = a.sizes().vec(), sb = b.sizes().vec();
     auto shape = at::infer_size(at::IntArrayRef(sa).slice(1), at::IntArrayRef(sb).slice(1));
     std::vector<int64_t> ea{k_}, eb{k_};

@@ -4,10 +4,13 @@
 #pragma once
 #include "semiring.h"
 
+#include "kernels/elementwise.h"
+
 namespace torch_semiring {
 
 class LogSpaceSemiring : public Semiring {
  public:
+
   int64_t components() const override { return 1; }
   Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
 
@@ -20,7 +23,10 @@ class LogSpaceSemiring : public Semiring {
   }
   Tensor do_lift(const Tensor& w) const override { return w.abs().log().unsqueeze(0); }
   Tensor do_otimes(const Tensor& a, const Tensor& b) const override { return a + b; }
-  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override { return a + w.abs().log(); }
+  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
+    auto fused = kernels::fused_edge(kernels::Fused::AddLogAbs, a, w);  // one pass
+    return fused.defined() ? fused : a + w.abs().log();
+  }
 };
 
 }  // namespace torch_semiring

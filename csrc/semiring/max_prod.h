@@ -7,6 +7,7 @@
 #include "semiring.h"
 
 #include "kernels/cpu_gemm.h"
+#include "kernels/elementwise.h"
 #include "kernels/norm_rows.h"
 
 namespace torch_semiring {
@@ -58,12 +59,16 @@ class MaxProdSemiring final : public Semiring {
     return at::stack({at::where(empty, -kInf, p.amax(0)), at::where(empty, kInf, p.amin(0))});
   }
   Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
+    auto fused = kernels::fused_edge(kernels::Fused::MaxProdOps, a, w);  // one pass
+    if (fused.defined()) return fused;
     auto hi = a.select(0, 0) * w, lo = a.select(0, 1) * w;
     auto empty = (a.select(0, 0) == -kInf).logical_or(w == 0);
     return at::stack({at::where(empty, -kInf, at::maximum(hi, lo)),
                       at::where(empty, kInf, at::minimum(hi, lo))});
   }
   Tensor do_oplus(const Tensor& a, const Tensor& b) const override {
+    auto fused = kernels::fused_pair(kernels::Fused::MaxProdOps, a, b);  // one pass
+    if (fused.defined()) return fused;
     return at::stack({at::maximum(a.select(0, 0), b.select(0, 0)),
                       at::minimum(a.select(0, 1), b.select(0, 1))});
   }

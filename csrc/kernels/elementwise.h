@@ -1,0 +1,33 @@
+// Fused element-wise operations on semiring values: one pass over memory, no
+// temporaries, for the multi-component semirings whose ⊗ by an edge and ⊕
+// would otherwise be chains of 5–12 ATen operations per node (entropy's
+// (ℓ, h) pairs, max_prod's (M, m), kmax's lists, the log-space lift).
+//
+// The arithmetic of each op is in fused_ops.inc; elementwise.cpp runs it over
+// the broadcast of the operands (at::TensorIterator) with AVX-512, AVX2 or
+// baseline code chosen at run time (kernel_isa(), TORCH_SEMIRING_KERNEL_ISA).
+// Each entry point returns an UNDEFINED tensor when it does not apply —
+// non-CPU tensors, dtypes other than float32/float64 (one dtype for all
+// operands), or a graph-building call (create_graph: grad mode on and an
+// operand requiring grad, which needs differentiable ATen ops) — so the
+// semiring keeps its ATen expression as the general path. Cost: one read of
+// each operand and one write of the result.
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace torch_semiring::kernels {
+
+enum class Fused {
+  AddLogAbs,    // a + log|w| on each of k ≤ 8 components (log, viterbi, kmax)
+  EntropyOps,   // entropy's ⊗ edge and ⊕
+  MaxProdOps,   // max_prod's ⊗ edge and ⊕
+  KMaxMerge,    // kmax's ⊕ (k ≤ 8)
+};
+
+// a ⊗ lift(w): a (C, *S) value, w a plain tensor, broadcast as in ATen.
+at::Tensor fused_edge(Fused op, const at::Tensor& a, const at::Tensor& w);
+// a ⊕ b: two (C, *S) values, broadcast.
+at::Tensor fused_pair(Fused op, const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace torch_semiring::kernels

@@ -1,0 +1,136 @@
+// exp and log on GCC vector-extension lanes (float or double), for the fused
+// CPU kernels (elementwise.cpp, norm_rows.cpp). Written once for any lane
+// count; the instruction set comes from the target attribute of the function
+// they are inlined into (AVX-512, AVX2 or the baseline), as in
+// tile_arithmetic.h.
+//
+//   vector_exp   full range: overflow → +∞, underflow → 0 (through the
+//                subnormals), −∞ → 0, NaN → NaN. ≤ 2 ulp.
+//   vector_log   full range: 0 → −∞, +∞ → +∞, x < 0 or NaN → NaN,
+//                subnormals rescaled. ≤ 2 ulp.
+//   vector_log_normal  positive normal finite lanes only (no special cases;
+//                0 gives a finite value) — the hot inner loop of norm_rows.
+// Accuracy is checked against torch.exp/torch.log over the whole range,
+// special values included (tests/test_elementwise.py).
+//
+// No include guard and no includes, on purpose: GCC lowers wide-vector code
+// in a function compiled for the baseline ISA before inlining it (comparisons
+// combined into masks come out scalar), so code for each instruction set must
+// be compiled under that set's target — kernels/elementwise.cpp includes this
+// file once per set, inside a namespace of its own under
+// `#pragma GCC target(...)`. Include <cstdint> and <limits> first.
+
+namespace vmath {
+
+template <class T, int Bytes>
+struct Vec {
+  typedef T type __attribute__((vector_size(Bytes)));
+};
+
+template <class T>
+struct Bits;
+template <>
+struct Bits<float> {
+  using type = int32_t;
+  static constexpr int kMantissa = 23, kBias = 127;
+  static constexpr int32_t kMantissaMask = 0x007fffff, kOne = 0x3f800000, kExpMask = 0xff;
+  static constexpr float kTiny = 1.17549435e-38f;  // smallest normal
+  static constexpr float kScaleUp = 16777216.0f;   // 2^24: subnormals → normals
+  static constexpr int kScaleUpExp = 24;
+  static constexpr float kExpHi = 88.72283905206835f, kExpLo = -103.97208f;
+  static constexpr int kExpTerms = 7;  // e^r, |r| ≤ ln2/2: r^7/7! < 2^-24 relative
+};
+template <>
+struct Bits<double> {
+  using type = int64_t;
+  static constexpr int kMantissa = 52, kBias = 1023;
+  static constexpr int64_t kMantissaMask = 0x000fffffffffffffLL, kOne = 0x3ff0000000000000LL, kExpMask = 0x7ff;
+  static constexpr double kTiny = 2.2250738585072014e-308;
+  static constexpr double kScaleUp = 18014398509481984.0;  // 2^54
+  static constexpr int kScaleUpExp = 54;
+  static constexpr double kExpHi = 709.782712893384, kExpLo = -745.1332191019412;
+  static constexpr int kExpTerms = 13;
+};
+
+#define TS_VMATH_FN inline __attribute__((always_inline))
+
+// log of positive, normal, finite lanes: x = 2^e·m, m ∈ [√½, √2).
+//   float:  log m = f − f²/2 + f³ P(f), f = m − 1, P of degree 8 fitted to
+//           relative error (≤ 1.2e-7 in float arithmetic): no division;
+//   double: log m = 2 atanh(u) = 2u Σ_k u^{2k}/(2k+1), u = (m − 1)/(m + 1),
+//           |u| ≤ 0.172, 11 terms.
+template <class T, class V>
+TS_VMATH_FN V vector_log_normal(V x) {
+  using B = Bits<T>;
+  using IV = typename Vec<typename B::type, sizeof(V)>::type;
+  IV bits = (IV)x;
+  IV e = ((bits >> B::kMantissa) & B::kExpMask) - B::kBias;
+  V m = (V)((bits & B::kMantissaMask) | B::kOne);  // [1, 2)
+  IV big = m > T(1.4142135623730951);              // −1 where m ≥ √2
+  m = big ? m * T(0.5) : m;
+  e = e - big;
+  V log_m;
+  if constexpr (sizeof(T) == 4) {
+    constexpr float P[] = {0.33333311f, -0.25000014f, 0.20002202f, -0.16667784f, 0.14218026f,
+                           -0.12408933f, 0.11901551f, -0.11658812f, 0.06696866f};
+    const V f = m - T(1), f2 = f * f, f4 = f2 * f2;
+    // Estrin's scheme: a dependency chain of 4 steps instead of Horner's 8
+    const V p01 = P[0] + P[1] * f, p23 = P[2] + P[3] * f, p45 = P[4] + P[5] * f, p67 = P[6] + P[7] * f;
+    const V p = (p01 + p23 * f2) + (p45 + p67 * f2) * f4 + P[8] * (f4 * f4);
+    log_m = f - T(0.5) * f2 + f2 * f * p;
+  } else {
+    const V u = (m - T(1)) / (m + T(1)), s = u * u;
+    V series = V{} + T(1) / T(21);
+#pragma GCC unroll 16
+    for (int k = 9; k >= 0; --k) series = series * s + T(1) / T(2 * k + 1);
+    log_m = T(2) * u * series;
+  }
+  // ln 2 split so that e·ln2_hi is exact: the sum keeps log's relative accuracy near 1
+  const V ef = __builtin_convertvector(e, V);
+  return ef * T(0.693145751953125) + (log_m + ef * T(1.4286068203094173e-06));
+}
+
+template <class T, class V>
+TS_VMATH_FN V vector_log(V x) {
+  using B = Bits<T>;
+  using IV = typename Vec<typename B::type, sizeof(V)>::type;
+  const IV subnormal = (x < B::kTiny) & (x > T(0));
+  const V scaled = subnormal ? x * B::kScaleUp : x;
+  V r = vector_log_normal<T, V>(scaled);
+  r = subnormal ? r - T(B::kScaleUpExp) * T(0.6931471805599453) : r;
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  r = x == T(0) ? V{} - inf : r;
+  r = x == inf ? V{} + inf : r;
+  return (x < T(0)) | (x != x) ? V{} + nan : r;
+}
+
+// e^x = 2^n e^r with n = round(x / ln2), r = x − n ln2 (|r| ≤ ln2/2, ln2 in two
+// parts), e^r by its Taylor series; 2^n built in the exponent bits, in two
+// halves so that the subnormal range is reached.
+template <class T, class V>
+TS_VMATH_FN V vector_exp(V x) {
+  using B = Bits<T>;
+  using I = typename B::type;
+  using IV = typename Vec<I, sizeof(V)>::type;
+  const V clamped = x > B::kExpHi ? V{} + B::kExpHi : (x < B::kExpLo ? V{} + B::kExpLo : x);
+  const V nf = __builtin_convertvector(__builtin_convertvector(clamped * T(1.4426950408889634) +
+                                                                   (clamped < T(0) ? T(-0.5) : T(0.5)),
+                                                               IV),
+                                       V);  // round half away from zero
+  const V r = (clamped - nf * T(0.693145751953125)) - nf * T(1.4286068203094173e-06);
+  V p = V{} + T(1);
+#pragma GCC unroll 16
+  for (int k = B::kExpTerms; k >= 1; --k) p = p * r * (T(1) / T(k)) + T(1);  // 1 + r/k·(…): Horner on r^k/k!
+  const IV n = __builtin_convertvector(nf, IV);
+  const IV half = n >> 1;
+  const V s1 = (V)((half + B::kBias) << B::kMantissa), s2 = (V)((n - half + B::kBias) << B::kMantissa);
+  V y = p * s1 * s2;
+  const T inf = std::numeric_limits<T>::infinity();
+  y = x > B::kExpHi ? V{} + inf : y;
+  y = x < B::kExpLo ? V{} : y;
+  return x != x ? x : y;
+}
+
+#undef TS_VMATH_FN
+
+}  // namespace vmath

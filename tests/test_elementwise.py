@@ -1,0 +1,145 @@
+"""The fused element-wise kernels (kernels/elementwise.h, vector_math.h) equal the ATen expressions.
+
+Each multi-component semiring computes ⊗ by an edge and ⊕ in one vectorised
+pass on CPU float/double tensors and keeps its ATen expression as the general
+path, which also runs when an operand requires grad under grad mode
+(create_graph). Here both paths are run on the same inputs — special values
+(0, ±inf, NaN, subnormals, negative and huge weights, empty values), every
+broadcasting pattern, strided inputs, both dtypes and every instruction set —
+and must agree: same NaN/±inf positions, finite values within a few ulp.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+
+from torch_semiring import _C
+
+SEMIRINGS = [("log", 1), ("viterbi", 1), ("entropy", 1), ("max_prod", 1)] + [("kmax", k) for k in range(1, 9)]
+ISAS = ["avx512", "avx2", "portable"]
+
+
+@pytest.fixture(params=ISAS)
+def isa(request, monkeypatch):
+    native = _C.kernel_isa()
+    if ISAS.index(request.param) < ISAS.index(native):
+        pytest.skip(f"this machine runs {native} at most")
+    monkeypatch.setenv("TORCH_SEMIRING_KERNEL_ISA", request.param)
+    assert _C.kernel_isa() == request.param
+    return request.param
+
+
+def general_path(fn, *tensors):
+    """The ATen expression: an operand that requires grad under grad mode makes the kernels decline."""
+    leaf = [t.detach().clone().requires_grad_() for t in tensors]
+    with torch.enable_grad():
+        return fn(*leaf).detach()
+
+
+def weights(shape, dtype, g):
+    w = torch.randn(shape, generator=g, dtype=torch.float64) * torch.exp(5 * torch.randn(shape, generator=g, dtype=torch.float64))
+    flat = w.view(-1)
+    specials = [0.0, -0.0, math.inf, -math.inf, math.nan, 1e-310, -1e-320, 1e-40, 3.4e38, -1e300, 1.0, -1.0]
+    for i, v in enumerate(specials[: flat.numel()]):
+        flat[(7 * i) % flat.numel()] = v
+    return w.to(dtype)
+
+
+def value(sr, shape, dtype, g):
+    """A value of `sr` with empty (no path) elements and a wide range of magnitudes."""
+    w1, w2 = (torch.randn(shape, generator=g, dtype=torch.float64) * torch.exp(20 * torch.randn(shape, generator=g, dtype=torch.float64)) for _ in range(2))
+    w1.view(-1)[::5] = 0.0
+    v = sr.oplus(sr.lift(w1), sr.otimes(sr.lift(w2), sr.lift(w1.flip(-1))))
+    return v.to(dtype)
+
+
+def assert_same(fused, general, dtype, what):
+    assert fused.shape == general.shape, what
+    for pred in (torch.isnan, torch.isposinf, torch.isneginf):
+        assert torch.equal(pred(fused), pred(general)), f"{what}: {pred.__name__} positions differ\n{fused}\n{general}"
+    finite = torch.isfinite(general)
+    rtol = 4e-6 if dtype == torch.float32 else 1e-13
+    # h of entropy is a weighted mean: near-cancelling terms need an absolute tolerance on its scale
+    atol = rtol * max(1.0, float(general[finite].abs().max())) if finite.any() else 0.0
+    torch.testing.assert_close(fused[finite], general[finite], rtol=rtol, atol=atol, msg=what)
+
+
+BROADCASTS = [  # (value element shape, weight shape)
+    ((6, 40), (6, 40)),
+    ((6, 40), (40,)),
+    ((6, 40), ()),
+    ((1, 40), (6, 40)),
+    ((6, 1), (1, 40)),
+    ((3, 5, 7), (5, 1)),
+]
+
+
+@pytest.mark.parametrize("semiring,k", SEMIRINGS, ids=[f"{n}{k}" if n == "kmax" else n for n, k in SEMIRINGS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shapes", BROADCASTS, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_otimes_edge(semiring, k, dtype, shapes, isa):
+    sr = _C.make_semiring(semiring, k)
+    g = torch.Generator().manual_seed(len(shapes[0]) * 31 + k)
+    a = value(sr, shapes[0], dtype, g)
+    w = weights(shapes[1], dtype, g)
+    assert_same(sr.otimes_edge(a, w), general_path(sr.otimes_edge, a, w), dtype, f"{semiring} ⊗ edge {shapes}")
+
+
+@pytest.mark.parametrize("semiring,k", SEMIRINGS, ids=[f"{n}{k}" if n == "kmax" else n for n, k in SEMIRINGS])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shapes", BROADCASTS, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_oplus(semiring, k, dtype, shapes, isa):
+    sr = _C.make_semiring(semiring, k)
+    g = torch.Generator().manual_seed(len(shapes[1]) * 17 + k)
+    a = value(sr, shapes[0], dtype, g)
+    b = value(sr, shapes[1] if shapes[1] else (1,), dtype, g)
+    af, bf = a.view(a.shape[0], -1), b.view(b.shape[0], -1)
+    n = min(af.shape[1], bf.shape[1])
+    bf[:, :n:3] = af[:, :n:3]  # ties
+    assert_same(sr.oplus(a, b), general_path(sr.oplus, a, b), dtype, f"{semiring} ⊕ {shapes}")
+
+
+@pytest.mark.parametrize("semiring,k", [("entropy", 1), ("max_prod", 1), ("kmax", 3)])
+def test_strided_and_expanded_operands(semiring, k):
+    sr = _C.make_semiring(semiring, k)
+    g = torch.Generator().manual_seed(3)
+    a = value(sr, (9, 13), torch.float64, g).transpose(1, 2)  # (C, 13, 9), not contiguous
+    w = weights((9, 13), torch.float64, g).t()
+    b = value(sr, (13, 1), torch.float64, g).expand(-1, 13, 9)
+    assert_same(sr.otimes_edge(a, w), general_path(sr.otimes_edge, a, w), torch.float64, "strided ⊗")
+    assert_same(sr.oplus(a, b), general_path(sr.oplus, a, b), torch.float64, "expanded ⊕")
+
+
+def test_log_and_exp_over_the_whole_range():
+    # log through ⊗ of the log semiring (a + log|w|), exp through ⊕ of entropy
+    # (e^{low − top}): every binade of both dtypes, subnormals, 0, inf, NaN
+    sr = _C.make_semiring("log", 1)
+    ent = _C.make_semiring("entropy", 1)
+    for dtype, lo, hi in [(torch.float32, -149, 128), (torch.float64, -1074, 1024)]:
+        e = torch.arange(lo, hi, dtype=torch.float64)
+        w = torch.cat([torch.ldexp(torch.tensor(1.0, dtype=torch.float64), e) * m for m in (1.0, 1.37, 1.999)])
+        w = torch.cat([w, torch.tensor([0.0, math.inf, math.nan, 1.0, 2.0, 0.5])]).to(dtype)
+        w = w[torch.isfinite(w) | torch.isnan(w) | torch.isinf(w)]
+        a = torch.zeros(1, *w.shape, dtype=dtype)
+        assert_same(sr.otimes_edge(a, w), general_path(sr.otimes_edge, a, w), dtype, f"log {dtype}")
+        diffs = torch.linspace(-120 if dtype == torch.float32 else -760, 0, 5001, dtype=dtype)
+        x = torch.stack([torch.zeros_like(diffs), torch.randn(diffs.shape, dtype=dtype)])
+        y = torch.stack([diffs, torch.randn(diffs.shape, dtype=dtype)])
+        assert_same(ent.oplus(x, y), general_path(ent.oplus, x, y), dtype, f"exp {dtype}")
+
+
+def test_declines_where_it_must():
+    # bfloat16, mixed dtypes and graph-building calls take the ATen path (same results)
+    sr = _C.make_semiring("entropy", 1)
+    a = torch.randn(2, 5, dtype=torch.bfloat16)
+    w = torch.randn(5, dtype=torch.bfloat16)
+    out = sr.otimes_edge(a, w)
+    assert out.dtype == torch.bfloat16
+    a32, w64 = torch.randn(2, 5), torch.randn(5, dtype=torch.float64)
+    torch.testing.assert_close(sr.otimes_edge(a32, w64), general_path(sr.otimes_edge, a32, w64))
+    leaf = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
+    with torch.enable_grad():
+        assert sr.otimes_edge(leaf, torch.randn(5, dtype=torch.float64)).requires_grad
