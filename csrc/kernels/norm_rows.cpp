@@ -330,15 +330,19 @@ struct EnvelopeRow {
   std::vector<Line> lines, hull;
   std::vector<Band> bands;
 
-  static double direct(const double* alpha, const double* x, int64_t n, int64_t j, double sign) {
+  // The best line at query j over every owner but j (first best on ties); its owner in *who.
+  static double direct(const double* alpha, const double* x, int64_t n, int64_t j, double sign, int32_t* who) {
     double best = -kInf;
+    *who = -1;
     const double t = x[j];
     for (int64_t i = 0; i < n; ++i) {
       if (i == j) continue;
       const double y = one_plus(x[i], t);
       if (y == 0) continue;
-      for (int c = 0; c < 2; ++c)
-        if (!std::isnan(alpha[2 * i + c])) best = std::max(best, sign * alpha[2 * i + c] * y);
+      for (int c = 0; c < 2; ++c) {
+        const double v = sign * alpha[2 * i + c] * y;
+        if (!std::isnan(alpha[2 * i + c]) && v > best) best = v, *who = int32_t(i);
+      }
     }
     return best;
   }
@@ -355,8 +359,9 @@ struct EnvelopeRow {
 
   // The maximum of the lines sign·α at every query (by_query: the row's
   // positions in ascending x), by their banded upper envelope: O(N log N).
+  // owner (optional): the winning line's owner per query (−1: none).
   void best_of(const double* alpha, const double* x, int64_t n, const int32_t* by_query, double sign,
-               double* out) {
+               double* out, int32_t* owner = nullptr) {
     lines.clear(), slopes.clear();
     for (int64_t i = 0; i < n; ++i)
       for (int c = 0; c < 2; ++c) {
@@ -367,11 +372,11 @@ struct EnvelopeRow {
       }
     by_slope.resize(lines.size());
     sorter.sort(slopes.data(), int64_t(lines.size()), by_slope.data());
-    envelope(alpha, x, n, by_query, sign, out);
+    envelope(alpha, x, n, by_query, sign, out, owner);
   }
 
   void envelope(const double* alpha, const double* x, int64_t n, const int32_t* by_query, double sign,
-                double* out) {
+                double* out, int32_t* owner) {
     const int64_t L = int64_t(lines.size());
     // Stable counting sort by band, largest |α| first: each band in slope order.
     uint32_t count[256] = {0};
@@ -404,6 +409,7 @@ struct EnvelopeRow {
       const int64_t j = by_query[q];
       const double t = x[j];
       double best = -kInf;
+      int32_t who = -1;
       bool own = false;
       for (auto& band : bands) {
         if (best > 0 && band.top_alpha * (1 + band.top_x * std::abs(t)) < best) continue;  // cannot win
@@ -421,12 +427,15 @@ struct EnvelopeRow {
             own |= d == 0;
             continue;
           }
-          best = std::max(best, h[k].intercept * one_plus(x[h[k].owner], t));
+          const double v = h[k].intercept * one_plus(x[h[k].owner], t);
+          if (v > best) best = v, who = h[k].owner;
         }
       }
       // j's own line on top of a band (excluded), or a maximum of 0 that a
       // non-edge (1 + x t = 0) may have produced: the maximum over the others.
-      out[j] = own || best == 0 ? direct(alpha, x, n, j, sign) : best;
+      if (own || best == 0) best = direct(alpha, x, n, j, sign, &who);
+      out[j] = best;
+      if (owner) owner[j] = who;
     }
   }
 };
@@ -462,6 +471,7 @@ struct TopCandidates {
   std::vector<Candidate> row, kept;
   std::vector<Bound> lows;
   std::vector<double> best;
+  std::vector<int32_t> best_owner;
 
   static double value(bool abs_lines, double alpha, double y) { return alpha * (abs_lines ? std::abs(y) : y); }
 
@@ -503,24 +513,29 @@ struct TopCandidates {
   }
 
   // out[slot * n + j], slots descending; −∞ where fewer than K candidates.
+  // owner (optional): the owner of each slot's candidate (−1: none).
   bool run(const std::vector<Candidate>& all, bool abs_lines, int64_t K, int64_t per_owner, const double* x,
-           int64_t n, const int32_t* by_query, int64_t max_survivors, double* out) {
-    best.resize(K);
+           int64_t n, const int32_t* by_query, int64_t max_survivors, double* out, int32_t* owner = nullptr) {
+    best.resize(K), best_owner.resize(K);
     auto merge = [&](const std::vector<Candidate>& cands, int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q) {
         const int64_t j = by_query[q];
         const double t = x[j];
         std::fill(best.begin(), best.end(), -kInf);
+        std::fill(best_owner.begin(), best_owner.end(), -1);
         for (const auto& c : cands) {
           if (c.owner == j) continue;
           const double y = one_plus(c.x, t);
           if (y == 0) continue;
           double v = value(abs_lines, c.alpha, y);
           if (!(v > best[K - 1])) continue;
-          for (int64_t s = 0; s < K; ++s)  // insertion into the descending list
-            if (v > best[s]) std::swap(v, best[s]);
+          int32_t o = c.owner;
+          for (int64_t s = 0; s < K; ++s)  // insertion into the descending list (ties: the earlier stays)
+            if (v > best[s]) std::swap(v, best[s]), std::swap(o, best_owner[s]);
         }
         for (int64_t s = 0; s < K; ++s) out[s * n + j] = best[s];
+        if (owner)
+          for (int64_t s = 0; s < K; ++s) owner[s * n + j] = best_owner[s];
       }
     };
     // First over the whole range; if many survive, block by block.
@@ -561,12 +576,15 @@ std::pair<double, double> exact_log_sum(const double* a, const double* h, const 
   return {top + std::log(z), h ? r / z : 0.0};
 }
 
-double exact_log_max(const double* a, const double* x, int64_t n, int64_t j) {
+double exact_log_max(const double* a, const double* x, int64_t n, int64_t j, int32_t* who) {
   const double t = x[j];
   double best = -kInf;
+  *who = -1;
   for (int64_t i = 0; i < n; ++i) {
     const double y = one_plus(x[i], t);
-    if (i != j && y != 0 && a[i] > -kInf) best = std::max(best, a[i] + std::log(std::abs(y)));
+    if (i == j || y == 0 || a[i] == -kInf) continue;
+    const double v = a[i] + std::log(std::abs(y));
+    if (v > best) best = v, *who = int32_t(i);
   }
   return best;
 }
@@ -710,14 +728,16 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
   return {out_l, out_h};
 }
 
-at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_space) {
+at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_space, at::Tensor* argmax) {
   if (!applies({w_in, x_in}) || !finite(x_in)) return {};
   if (log_space ? (w_in.numel() && (w_in == kInf).any().item<bool>()) : !finite(w_in)) return {};
   auto w = as_double(w_in), x = as_double(x_in);
   const int64_t R = x.size(0), n = x.size(1);
   auto out = at::empty({R, n}, x.options());
+  auto winners = at::empty({R, n}, x.options().dtype(at::kInt));
   const double *pw = w.data_ptr<double>(), *px = x.data_ptr<double>();
   double* po = out.data_ptr<double>();
+  int32_t* pwin = winners.data_ptr<int32_t>();
   at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
     TopCandidates top;
     EnvelopeRow env;
@@ -728,11 +748,13 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
     for (int64_t r = r0; r < r1; ++r) {
       const double *wr = pw + r * n, *xr = px + r * n;
       double* o = po + r * n;
+      int32_t* who = pwin + r * n;
       RowScale sc{0.0, 0.0};
       if (log_space) {
         sc = scale_of(wr, xr, n);
         if (sc.top == -kInf) {
           std::fill(o, o + n, -kInf);
+          std::fill(who, who + n, -1);
           continue;
         }
       }
@@ -742,21 +764,25 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
         if (v > 0) candidates.push_back({v, xr[i], int32_t(i)});  // weight 0: no path through i
       }
       sorter.sort(xr, n, by_query.data());
-      if (!top.run(candidates, /*abs_lines=*/true, 1, 1, xr, n, by_query.data(), std::max<int64_t>(64, n / 4), best.data())) {
+      if (!top.run(candidates, /*abs_lines=*/true, 1, 1, xr, n, by_query.data(), std::max<int64_t>(64, n / 4),
+                   best.data(), who)) {
         const double nan = std::numeric_limits<double>::quiet_NaN();
         std::fill(alpha.begin(), alpha.end(), nan);
         for (const auto& c : candidates) alpha[2 * c.owner] = c.alpha, alpha[2 * c.owner + 1] = -c.alpha;
-        env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, best.data());
+        env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, best.data(), who);
       }
       for (int64_t j = 0; j < n; ++j) {
         if (!log_space) {
-          o[j] = best[j] > 0 ? best[j] : 0.0;  // no edge: the zero of max_abs
+          if (!(best[j] > 0)) best[j] = 0.0, who[j] = -1;  // no edge: the zero of max_abs
+          o[j] = best[j];
         } else {
-          o[j] = suspect(best[j], n, sc.xmax, xr[j]) ? exact_log_max(wr, xr, n, j) : sc.top + std::log(best[j]);
+          o[j] = suspect(best[j], n, sc.xmax, xr[j]) ? exact_log_max(wr, xr, n, j, &who[j])
+                                                     : sc.top + std::log(best[j]);
         }
       }
     }
   });
+  if (argmax) *argmax = winners;
   return out;
 }
 

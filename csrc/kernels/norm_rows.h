@@ -61,7 +61,9 @@ at::Tensor logsumexp_rows(const at::Tensor& a, const at::Tensor& x);
 // (ℓ, h): the entropy semiring's log Z and R/Z per element (h = 0 where ℓ = −∞).
 std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l, const at::Tensor& h, const at::Tensor& x);
 // w ≥ 0 (linear) or, with log_space, log values: the best path through the row.
-at::Tensor max_rows(const at::Tensor& w, const at::Tensor& x, bool log_space);
+// argmax (optional): which i won for each j, int32 (R, N), −1 where no path
+// (ties: the first found) — what path tracking needs.
+at::Tensor max_rows(const at::Tensor& w, const at::Tensor& x, bool log_space, at::Tensor* argmax = nullptr);
 // M ≥ m signed path products (M = −∞: no path): (max, min) over i ≠ j.
 std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M, const at::Tensor& m, const at::Tensor& x);
 // a: (k, R, N) descending log scores per element (−∞ padded); returns (k, R, N).

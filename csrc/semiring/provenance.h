@@ -13,6 +13,9 @@
 #pragma once
 #include "semiring.h"
 
+#include "kernels/cpu_gemm.h"
+#include "kernels/norm_rows.h"
+
 namespace torch_semiring {
 
 class ProvenanceSemiring final : public Semiring {
@@ -35,6 +38,25 @@ class ProvenanceSemiring final : public Semiring {
   Tensor readout(const Tensor& v) const override {
     return kind_ == Kind::TopK ? scores(v).movedim(0, -1) : scores(v).select(0, 0);
   }
+  // The single-entry kinds at kernel speed: the max-plus / max-times GEMM and
+  // the normalisation-row kernels report which operand won, and the ids are
+  // gathered from that (the generic block versions select with argmax too).
+  Tensor matmul(const Tensor& g, const Tensor& w) const override {
+    auto fast = single_entry() ? matmul_with_ids(g, w) : Tensor();
+    return fast.defined() ? fast : Semiring::matmul(g, w);
+  }
+  Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
+    if (single_entry()) {
+      Tensor winner;
+      auto best = kernels::max_rows(scores(a).select(0, 0), x, /*log_space=*/kind_ == Kind::MaxPlus, &winner);
+      if (best.defined()) {
+        auto index = winner.to(at::kLong).clamp_min(0);
+        auto picked = at::where(winner < 0, -1.0, ids(a).select(0, 0).gather(1, index));
+        return at::stack({best.to(a.scalar_type()), picked.to(a.scalar_type())});
+      }
+    }
+    return Semiring::norm_offdiagonal(a, x);
+  }
   Tensor with_origin(const Tensor& v, int64_t first) const override {
     auto elements = v.numel() / v.size(0);
     auto flat = at::arange(first, first + elements, v.options()).view(v.sizes().slice(1));
@@ -47,6 +69,24 @@ class ProvenanceSemiring final : public Semiring {
 
  protected:
   static constexpr double kInf = std::numeric_limits<double>::infinity();
+  bool single_entry() const { return kind_ == Kind::MaxPlus || kind_ == Kind::MaxTimes; }
+  // The GEMM kernel with argmax where its preconditions hold (else undefined).
+  Tensor matmul_with_ids(const Tensor& g, const Tensor& w) const {
+    auto s = scores(g), id = ids(g);
+    kernels::BatchedOperands ops, id_ops;
+    if (!kernels::kernel_dtype(s, w) || !kernels::broadcast_operands(s, w, ops) ||
+        !kernels::broadcast_operands(id, w, id_ops) || ops.g.size(-1) == 0)
+      return {};
+    for (auto d : ops.out_shape)
+      if (d == 0) return {};
+    const auto wr = kernels::range_of(w), sr = kernels::range_of(s);
+    if (!std::isfinite(wr.first) || !std::isfinite(wr.second) || !(sr.second < kInf)) return {};  // NaN fails too
+    if (kind_ == Kind::MaxTimes && !(sr.first >= 0)) return {};
+    auto [values, winner] = kernels::max_matmul_argmax(kind_ == Kind::MaxPlus ? "viterbi" : "max_abs", s, w);
+    auto index = winner.to(at::kLong).clamp_min(0).unsqueeze(0);  // (1, *batch, M, N)
+    auto picked = at::where(winner.unsqueeze(0) < 0, -1.0, id_ops.g.gather(-1, index));
+    return at::cat({values, picked.to(values.scalar_type())}, 0);
+  }
   Tensor scores(const Tensor& v) const { return v.narrow(0, 0, E_); }
   Tensor ids(const Tensor& v) const { return v.narrow(0, E_, E_); }
   std::vector<int64_t> pad_shape(int64_t dim) const {
