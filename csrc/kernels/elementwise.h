@@ -23,6 +23,7 @@ enum class Fused {
   EntropyOps,   // entropy's ⊗ edge and ⊕
   MaxProdOps,   // max_prod's ⊗ edge and ⊕
   KMaxMerge,    // kmax's ⊕ (k ≤ 8)
+  KMaxMergeIds, // the same on (score, id) pairs: kmax path tracking's ⊕ (2k components)
 };
 
 // a ⊗ lift(w): a (C, *S) value, w a plain tensor, broadcast as in ATen.

@@ -461,7 +461,8 @@ struct EnvelopeRow {
 struct TopCandidates {
   struct Candidate {
     double alpha, x;
-    int32_t owner;
+    int32_t owner;  // the i it belongs to (excluded at query i)
+    int32_t tag;    // what the caller wants reported for it (path tracking: i, or i·k + entry)
   };
   struct Bound {
     double value;
@@ -471,7 +472,7 @@ struct TopCandidates {
   std::vector<Candidate> row, kept;
   std::vector<Bound> lows;
   std::vector<double> best;
-  std::vector<int32_t> best_owner;
+  std::vector<int32_t> best_tag;
 
   static double value(bool abs_lines, double alpha, double y) { return alpha * (abs_lines ? std::abs(y) : y); }
 
@@ -513,29 +514,29 @@ struct TopCandidates {
   }
 
   // out[slot * n + j], slots descending; −∞ where fewer than K candidates.
-  // owner (optional): the owner of each slot's candidate (−1: none).
+  // tags (optional): the tag of each slot's candidate (−1: none).
   bool run(const std::vector<Candidate>& all, bool abs_lines, int64_t K, int64_t per_owner, const double* x,
-           int64_t n, const int32_t* by_query, int64_t max_survivors, double* out, int32_t* owner = nullptr) {
-    best.resize(K), best_owner.resize(K);
+           int64_t n, const int32_t* by_query, int64_t max_survivors, double* out, int32_t* tags = nullptr) {
+    best.resize(K), best_tag.resize(K);
     auto merge = [&](const std::vector<Candidate>& cands, int64_t q0, int64_t q1) {
       for (int64_t q = q0; q < q1; ++q) {
         const int64_t j = by_query[q];
         const double t = x[j];
         std::fill(best.begin(), best.end(), -kInf);
-        std::fill(best_owner.begin(), best_owner.end(), -1);
+        std::fill(best_tag.begin(), best_tag.end(), -1);
         for (const auto& c : cands) {
           if (c.owner == j) continue;
           const double y = one_plus(c.x, t);
           if (y == 0) continue;
           double v = value(abs_lines, c.alpha, y);
           if (!(v > best[K - 1])) continue;
-          int32_t o = c.owner;
+          int32_t tag = c.tag;
           for (int64_t s = 0; s < K; ++s)  // insertion into the descending list (ties: the earlier stays)
-            if (v > best[s]) std::swap(v, best[s]), std::swap(o, best_owner[s]);
+            if (v > best[s]) std::swap(v, best[s]), std::swap(tag, best_tag[s]);
         }
         for (int64_t s = 0; s < K; ++s) out[s * n + j] = best[s];
-        if (owner)
-          for (int64_t s = 0; s < K; ++s) owner[s * n + j] = best_owner[s];
+        if (tags)
+          for (int64_t s = 0; s < K; ++s) tags[s * n + j] = best_tag[s];
       }
     };
     // First over the whole range; if many survive, block by block.
@@ -761,7 +762,7 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
       candidates.clear();
       for (int64_t i = 0; i < n; ++i) {
         const double v = log_space ? std::exp(wr[i] - sc.top) : wr[i];
-        if (v > 0) candidates.push_back({v, xr[i], int32_t(i)});  // weight 0: no path through i
+        if (v > 0) candidates.push_back({v, xr[i], int32_t(i), int32_t(i)});  // weight 0: no path through i
       }
       sorter.sort(xr, n, by_query.data());
       if (!top.run(candidates, /*abs_lines=*/true, 1, 1, xr, n, by_query.data(), std::max<int64_t>(64, n / 4),
@@ -814,8 +815,8 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const
         const bool none = Mr[i] == -kInf;
         alpha[2 * i] = none ? nan : Mr[i], alpha[2 * i + 1] = none ? nan : mr[i];
         if (none) continue;
-        upper.push_back({Mr[i], xr[i], int32_t(i)}), upper.push_back({mr[i], xr[i], int32_t(i)});
-        lower.push_back({-Mr[i], xr[i], int32_t(i)}), lower.push_back({-mr[i], xr[i], int32_t(i)});
+        upper.push_back({Mr[i], xr[i], int32_t(i), int32_t(i)}), upper.push_back({mr[i], xr[i], int32_t(i), int32_t(i)});
+        lower.push_back({-Mr[i], xr[i], int32_t(i), int32_t(i)}), lower.push_back({-mr[i], xr[i], int32_t(i), int32_t(i)});
       }
       sorter.sort(xr, n, by_query.data());
       const int64_t most = std::max<int64_t>(64, n / 4);
@@ -829,7 +830,7 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const
   return {out_M, out_m};
 }
 
-at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
+at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor* argmax) {
   if (!a_in.defined() || a_in.dim() != 3 || !applies({a_in.select(0, 0), x_in}) || !finite(x_in) ||
       (a_in.numel() && (a_in.isnan().any().item<bool>() || (a_in == kInf).any().item<bool>())))
     return {};
@@ -837,21 +838,29 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
   auto a = as_double(a_in), x = as_double(x_in);
   const int64_t R = x.size(0), n = x.size(1);
   auto out = at::empty({K, R, n}, x.options());
+  auto winners = at::empty({K, R, n}, x.options().dtype(at::kInt));
   const double *pa = a.data_ptr<double>(), *px = x.data_ptr<double>();
   double* po = out.data_ptr<double>();
+  int32_t* pwin = winners.data_ptr<int32_t>();
   at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
     TopCandidates top;
     RadixSorter sorter;
-    std::vector<int32_t> by_query(n);
+    std::vector<int32_t> by_query(n), tags(K * n);
     std::vector<TopCandidates::Candidate> candidates;
-    std::vector<double> best(K * n), exact(K * n);
+    std::vector<double> best(K * n);
+    std::vector<std::pair<double, int32_t>> exact(K * n);
     for (int64_t r = r0; r < r1; ++r) {
       const double* xr = px + r * n;
       auto score = [&](int64_t c, int64_t i) { return pa[(c * R + r) * n + i]; };
+      auto put = [&](int64_t c, int64_t j, double v, int32_t tag) {
+        po[(c * R + r) * n + j] = v;
+        pwin[(c * R + r) * n + j] = tag;
+      };
       double top_score = -kInf, xmax = 0;
       for (int64_t i = 0; i < n; ++i) top_score = std::max(top_score, score(0, i)), xmax = std::max(xmax, std::abs(xr[i]));
       if (top_score == -kInf) {
-        for (int64_t c = 0; c < K; ++c) std::fill(po + (c * R + r) * n, po + (c * R + r + 1) * n, -kInf);
+        for (int64_t c = 0; c < K; ++c)
+          for (int64_t j = 0; j < n; ++j) put(c, j, -kInf, -1);
         continue;
       }
       candidates.clear();
@@ -859,11 +868,11 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
         for (int64_t c = 0; c < K; ++c) {
           const double v = std::exp(score(c, i) - top_score);
           if (!(v > 0)) break;  // scores descend: the rest are no paths (or underflow, see below)
-          candidates.push_back({v, xr[i], int32_t(i)});
+          candidates.push_back({v, xr[i], int32_t(i), int32_t(i * K + c)});
         }
       sorter.sort(xr, n, by_query.data());
       top.run(candidates, /*abs_lines=*/true, K, K, xr, n, by_query.data(), std::numeric_limits<int64_t>::max(),
-              best.data());
+              best.data(), tags.data());
       for (int64_t j = 0; j < n; ++j) {
         const double t = xr[j];
         // Underflow guard: the K-th slot may miss candidates whose e^{a − top}
@@ -873,17 +882,19 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
           for (int64_t i = 0; i < n; ++i) {
             const double y = one_plus(xr[i], t);
             if (i == j || y == 0) continue;
-            for (int64_t c = 0; c < K && score(c, i) > -kInf; ++c) exact[m++] = score(c, i) + std::log(std::abs(y));
+            for (int64_t c = 0; c < K && score(c, i) > -kInf; ++c)
+              exact[m++] = {score(c, i) + std::log(std::abs(y)), int32_t(i * K + c)};
           }
           std::partial_sort(exact.begin(), exact.begin() + std::min<int64_t>(m, K), exact.begin() + m,
-                            std::greater<double>());
-          for (int64_t c = 0; c < K; ++c) po[(c * R + r) * n + j] = c < m ? exact[c] : -kInf;
+                            [](const auto& p, const auto& q) { return p.first > q.first; });
+          for (int64_t c = 0; c < K; ++c) put(c, j, c < m ? exact[c].first : -kInf, c < m ? exact[c].second : -1);
         } else {
-          for (int64_t c = 0; c < K; ++c) po[(c * R + r) * n + j] = top_score + std::log(best[c * n + j]);
+          for (int64_t c = 0; c < K; ++c) put(c, j, top_score + std::log(best[c * n + j]), tags[c * n + j]);
         }
       }
     }
   });
+  if (argmax) *argmax = winners;
   return out;
 }
 

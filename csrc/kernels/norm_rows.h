@@ -67,6 +67,8 @@ at::Tensor max_rows(const at::Tensor& w, const at::Tensor& x, bool log_space, at
 // M ≥ m signed path products (M = −∞: no path): (max, min) over i ≠ j.
 std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M, const at::Tensor& m, const at::Tensor& x);
 // a: (k, R, N) descending log scores per element (−∞ padded); returns (k, R, N).
-at::Tensor topk_rows(const at::Tensor& a, const at::Tensor& x);
+// argmax (optional): for each output entry, i·k + the entry of a it came from,
+// int32 (k, R, N), −1 where none.
+at::Tensor topk_rows(const at::Tensor& a, const at::Tensor& x, at::Tensor* argmax = nullptr);
 
 }  // namespace torch_semiring::kernels

@@ -14,6 +14,7 @@
 #include "semiring.h"
 
 #include "kernels/cpu_gemm.h"
+#include "kernels/elementwise.h"
 #include "kernels/norm_rows.h"
 
 namespace torch_semiring {
@@ -46,6 +47,18 @@ class ProvenanceSemiring final : public Semiring {
     return fast.defined() ? fast : Semiring::matmul(g, w);
   }
   Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
+    if (kind_ == Kind::TopK) {  // winners as i·E + entry
+      Tensor winner;
+      auto best = kernels::topk_rows(scores(a), x, &winner);
+      if (best.defined()) {
+        auto id = ids(a);  // (E, R, N) → (R, N·E) with column i·E + e
+        auto flat = id.permute({1, 2, 0}).reshape({id.size(1), -1});
+        auto index = winner.to(at::kLong).clamp_min(0);  // (E, R, N)
+        auto picked = flat.unsqueeze(0).expand({E_, -1, -1}).gather(2, index);
+        picked = at::where(winner < 0, -1.0, picked);
+        return at::cat({best.to(a.scalar_type()), picked.to(a.scalar_type())}, 0);
+      }
+    }
     if (single_entry()) {
       Tensor winner;
       auto best = kernels::max_rows(scores(a).select(0, 0), x, /*log_space=*/kind_ == Kind::MaxPlus, &winner);
@@ -123,8 +136,11 @@ class ProvenanceSemiring final : public Semiring {
     auto id = ids(a);
     switch (kind_) {
       case Kind::MaxPlus:
-      case Kind::TopK:
-        return pack(s + w.abs().log(), id.expand(at::infer_size(id.sizes(), (s + w.abs().log()).sizes())));
+      case Kind::TopK: {
+        auto lifted = kernels::fused_edge(kernels::Fused::AddLogAbs, s, w);  // one pass (E ≤ 8)
+        if (!lifted.defined()) lifted = s + w.abs().log();
+        return pack(lifted, id.expand(at::infer_size(id.sizes(), lifted.sizes())));
+      }
       case Kind::MaxTimes: {
         auto out = s * w.abs();
         return pack(out, id.expand(out.sizes()));
@@ -147,6 +163,8 @@ class ProvenanceSemiring final : public Semiring {
     auto shape = at::infer_size(a.sizes(), b.sizes());
     auto A = a.expand(shape), B = b.expand(shape);
     if (kind_ == Kind::TopK) {
+      auto fused = kernels::fused_pair(kernels::Fused::KMaxMergeIds, a, b);  // one pass (E ≤ 8)
+      if (fused.defined()) return fused;
       auto s = at::cat({scores(A), scores(B)}, 0), i = at::cat({ids(A), ids(B)}, 0);
       auto order = std::get<1>(s.sort(std::optional<bool>(true), 0, /*descending=*/true)).narrow(0, 0, E_);
       return pack(s.gather(0, order), i.gather(0, order));
@@ -179,7 +197,8 @@ class ProvenanceSemiring final : public Semiring {
     if (kind_ == Kind::TopK) {
       auto cand_s = s.movedim(0, -1).flatten(-2, -1);  // (*kept, E·R)
       auto cand_i = id.movedim(0, -1).flatten(-2, -1);
-      auto pick = std::get<1>(cand_s.sort(std::optional<bool>(true), -1, true)).narrow(-1, 0, E_);
+      // E of the E·R candidates: a selection, not a sort
+      auto pick = std::get<1>(cand_s.topk(E_, -1, /*largest=*/true, /*sorted=*/true));
       best_s = cand_s.gather(-1, pick).movedim(-1, 0);
       best_id = cand_i.gather(-1, pick).movedim(-1, 0);
     } else if (kind_ == Kind::Signed) {
