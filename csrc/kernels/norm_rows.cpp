@@ -358,20 +358,64 @@ struct EnvelopeRow {
   }
 
   // The maximum of the lines sign·α at every query (by_query: the row's
-  // positions in ascending x), by their banded upper envelope: O(N log N).
-  // owner (optional): the winning line's owner per query (−1: none).
+  // positions in ascending x). owner (optional): the winning line's owner per
+  // query (−1: none; ties: the first found).
+  //
+  // Lines that are nowhere above a lower bound of the answer go first: over
+  // the queries' range [t0, t1] a line lies between its end values, so the
+  // second best owner's lowest value among lines without a root in the range
+  // (an edge at every query) bounds every answer from below, whichever owner
+  // a query excludes; a line whose highest value is below it never wins. With
+  // values spread over orders of magnitude (the log-space semirings) few are
+  // left and each query takes the best of them directly (O(N·S)); otherwise
+  // the survivors' banded upper envelope answers all queries (O(S log S + N)).
   void best_of(const double* alpha, const double* x, int64_t n, const int32_t* by_query, double sign,
                double* out, int32_t* owner = nullptr) {
+    const double t0 = x[by_query[0]], t1 = x[by_query[n - 1]];
+    // (Branch-free where the outcome is random — a root in the range or not —
+    // since mispredictions dominated these loops.)
+    double first = -kInf, second = -kInf;  // the two best owners' lowest values
+    for (int64_t i = 0; i < n; ++i) {
+      const double y0 = one_plus(x[i], t0), y1 = one_plus(x[i], t1);
+      const bool bounded = y0 * y1 > 0;  // no root in the range: an edge at every query
+      const double a0 = sign * alpha[2 * i], a1 = sign * alpha[2 * i + 1];
+      const double l0 = std::min(a0 * y0, a0 * y1), l1 = std::min(a1 * y0, a1 * y1);
+      double low = l0 > l1 ? l0 : l1;                  // a NaN (absent) line loses either way
+      low = l0 != l0 ? l1 : (l1 != l1 ? l0 : low);
+      low = bounded && low == low ? low : -kInf;
+      if (low > first) second = first, first = low;
+      else if (low > second) second = low;
+    }
     lines.clear(), slopes.clear();
-    for (int64_t i = 0; i < n; ++i)
+    for (int64_t i = 0; i < n; ++i) {
+      const double y0 = one_plus(x[i], t0), y1 = one_plus(x[i], t1);
       for (int c = 0; c < 2; ++c) {
         const double a = sign * alpha[2 * i + c];
-        if (std::isnan(a)) continue;
+        const double high = a * y0 > a * y1 ? a * y0 : a * y1;
+        if (!(high >= second)) continue;  // below the bound at every query (or absent: NaN)
         lines.push_back({a * x[i], a, int32_t(i), band_of(a)});
         slopes.push_back(a * x[i]);
       }
-    by_slope.resize(lines.size());
-    sorter.sort(slopes.data(), int64_t(lines.size()), by_slope.data());
+    }
+    const int64_t L = int64_t(lines.size());
+    if (L <= 8) {
+      for (int64_t j = 0; j < n; ++j) {
+        const double t = x[j];
+        double best = -kInf;
+        int32_t who = -1;
+        for (const auto& l : lines) {
+          if (l.owner == j) continue;
+          const double y = one_plus(x[l.owner], t);
+          const double v = l.intercept * y;
+          if (y != 0 && v > best) best = v, who = l.owner;
+        }
+        out[j] = best;
+        if (owner) owner[j] = who;
+      }
+      return;
+    }
+    by_slope.resize(L);
+    sorter.sort(slopes.data(), L, by_slope.data());
     envelope(alpha, x, n, by_query, sign, out, owner);
   }
 
@@ -740,7 +784,6 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
   double* po = out.data_ptr<double>();
   int32_t* pwin = winners.data_ptr<int32_t>();
   at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
-    TopCandidates top;
     EnvelopeRow env;
     RadixSorter sorter;
     std::vector<int32_t> by_query(n);
@@ -765,13 +808,10 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
         if (v > 0) candidates.push_back({v, xr[i], int32_t(i), int32_t(i)});  // weight 0: no path through i
       }
       sorter.sort(xr, n, by_query.data());
-      if (!top.run(candidates, /*abs_lines=*/true, 1, 1, xr, n, by_query.data(), std::max<int64_t>(64, n / 4),
-                   best.data(), who)) {
-        const double nan = std::numeric_limits<double>::quiet_NaN();
-        std::fill(alpha.begin(), alpha.end(), nan);
-        for (const auto& c : candidates) alpha[2 * c.owner] = c.alpha, alpha[2 * c.owner + 1] = -c.alpha;
-        env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, best.data(), who);
-      }
+      const double nan = std::numeric_limits<double>::quiet_NaN();
+      std::fill(alpha.begin(), alpha.end(), nan);
+      for (const auto& c : candidates) alpha[2 * c.owner] = c.alpha, alpha[2 * c.owner + 1] = -c.alpha;
+      env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, best.data(), who);
       for (int64_t j = 0; j < n; ++j) {
         if (!log_space) {
           if (!(best[j] > 0)) best[j] = 0.0, who[j] = -1;  // no edge: the zero of max_abs
@@ -801,29 +841,20 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const
   const double *pM = M.data_ptr<double>(), *pm = m.data_ptr<double>(), *px = x.data_ptr<double>();
   double *poM = out_M.data_ptr<double>(), *pom = out_m.data_ptr<double>();
   at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
-    TopCandidates top;
     EnvelopeRow env;
     RadixSorter sorter;
     std::vector<int32_t> by_query(n);
-    std::vector<TopCandidates::Candidate> upper, lower;
     std::vector<double> alpha(2 * n), hi(n), lo(n);
     const double nan = std::numeric_limits<double>::quiet_NaN();
     for (int64_t r = r0; r < r1; ++r) {
       const double *Mr = pM + r * n, *mr = pm + r * n, *xr = px + r * n;
-      upper.clear(), lower.clear();
       for (int64_t i = 0; i < n; ++i) {
         const bool none = Mr[i] == -kInf;
         alpha[2 * i] = none ? nan : Mr[i], alpha[2 * i + 1] = none ? nan : mr[i];
-        if (none) continue;
-        upper.push_back({Mr[i], xr[i], int32_t(i), int32_t(i)}), upper.push_back({mr[i], xr[i], int32_t(i), int32_t(i)});
-        lower.push_back({-Mr[i], xr[i], int32_t(i), int32_t(i)}), lower.push_back({-mr[i], xr[i], int32_t(i), int32_t(i)});
       }
       sorter.sort(xr, n, by_query.data());
-      const int64_t most = std::max<int64_t>(64, n / 4);
-      if (!top.run(upper, /*abs_lines=*/false, 1, 2, xr, n, by_query.data(), most, hi.data()))
-        env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, hi.data());
-      if (!top.run(lower, /*abs_lines=*/false, 1, 2, xr, n, by_query.data(), most, lo.data()))
-        env.best_of(alpha.data(), xr, n, by_query.data(), -1.0, lo.data());
+      env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, hi.data());
+      env.best_of(alpha.data(), xr, n, by_query.data(), -1.0, lo.data());
       for (int64_t j = 0; j < n; ++j) poM[r * n + j] = hi[j], pom[r * n + j] = -lo[j];  // no line: (−∞, +∞)
     }
   });
