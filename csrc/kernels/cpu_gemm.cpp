@@ -2,17 +2,26 @@
 // signed max_prod pair, kmax's top-k lists; max-plus/max-times optionally with
 // argmax), GotoBLAS-style:
 //
+//   B = lift(w), packed panel-major (NR lanes), once per weight version
 //   for each block of KC along k:            (B micro-panel KC×NR ≈ 16 KB: L1)
 //     for each block of MC rows of g:        (packed A block ≈ 192 KB: L2)
 //       pack the rows, MR at a time, k-major
-//       for each panel of NR columns:        (B packed once per call, lifted)
+//       for each panel of NR columns:
 //         for each MR rows: micro-kernel — MR×NR accumulators in registers
 //
+// Cost per product: M·K·N terms in the micro-kernel (see the instruction counts
+// at the Ops) + one pass over g (packing A, which also checks g's range: no
+// separate min/max pass, no host read) + the packing of B. B is the lifted
+// weight (log|w| with ATen's vectorised log, |w|, or w with zero edges marked
+// NaN), range-checked while packing; for a leaf weight (a parameter, frozen
+// or between optimizer steps) the packed B is kept in the lift cache
+// (lift_cache.h) and reused until the weight's version changes, so a product
+// with it costs the micro-kernel and the packing of g only.
+//
 // Packing reads g and w through their strides, so transposed or broadcast
-// (stride-0) operands cost nothing extra (B is re-packed only when a batch
-// entry's w differs from the previous entry's). Single-threaded: the engine calls many small products, and the
-// benchmarks pin one thread. lift(w) is applied once per element
-// with ATen's vectorised log/abs before packing, never per term.
+// (stride-0) operands cost nothing extra; each distinct batch entry of w is
+// packed once. Single-threaded: the engine calls many small products, and the
+// benchmarks pin one thread.
 //
 // One source, three instruction sets: the kernel is written with GCC vector
 // extensions (tile_arithmetic.h) and instantiated inside functions marked
@@ -27,12 +36,15 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #include "kernels/tile_arithmetic.h"
 
+#include "kernels/lift_cache.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 namespace torch_semiring {
 namespace kernels {
@@ -45,12 +57,6 @@ bool kernel_dtype(const Tensor& g, const Tensor& w) {
          // (create_graph) to the generic ATen path. The engine otherwise runs
          // with grad mode off, where saved weights that require grad are fine.
          !(at::GradMode::is_enabled() && (g.requires_grad() || w.requires_grad()));
-}
-
-// min/max of a tensor in one pass; NaN anywhere makes both NaN.
-std::pair<double, double> range_of(const Tensor& t) {
-  auto mm = at::aminmax(t);
-  return {std::get<0>(mm).item<double>(), std::get<1>(mm).item<double>()};
 }
 
 namespace {
@@ -71,22 +77,20 @@ struct IndexLane<double> {
   using type = int64_t;
 };
 
-// One product of a batch: A = the value's components (strided), B = lifted
-// edge weights (strided), C = output components, contiguous (M, N) each.
+// One product of a batch: A = the value's components (strided), B = the
+// packed lifted weights (pack_weight), C = output components, contiguous
+// (M, N) each.
 template <class T>
 struct Job {
   int64_t M, N, K;
   const T* a;
   int64_t a_c, a_m, a_k;
   int64_t a_components;  // components present in g; packing pads the rest with the zero (kmax)
-  const T* b;
-  int64_t b_k, b_n;
+  const T* bpack;        // panel-major: panel p, then k, then NR lanes
   T* c;
   int64_t c_c;
   int32_t* idx;  // argmax (M, N) or nullptr
   T* apack;
-  T* bpack;
-  bool pack_b;  // false when this batch entry reuses the previous B (broadcast)
 };
 
 // Blocking: the B micro-panel (KC × NR) fills ~16 KB of L1, the packed A block
@@ -170,31 +174,44 @@ TS_TILE_FN void micro_kernel(int64_t kc, int64_t k0, const T* ap, const T* bp, T
   }
 }
 
+// The kernels' variants of an Op share its input marking (PackMark).
+template <class Op>
+using MarkingOf = typename std::conditional<std::is_base_of<MaxProdPair, Op>::value, MaxProdPair, Op>::type;
+
+// Packs MR rows of g (k-major, components innermost) for kc steps from k0;
+// rows past M are padded with 0 (never stored), missing components (kmax
+// lists shorter than KP) with the zero. Every present entry is checked with
+// Op::accepts and marked (PackMark); returns false if one is rejected.
+template <class Op, class T, int MR>
+TS_TILE_FN bool pack_a_strip(const Job<T>& J, int64_t r0, int64_t k0, int64_t kc, T* dst) {
+  constexpr int C = Op::kComponents;
+  const int64_t comps = J.a_components;
+  bool ok = true;
+  for (int64_t k = 0; k < kc; ++k) {
+    for (int i = 0; i < MR; ++i) {
+      T* d = dst + (k * MR + i) * C;
+      const int64_t m = r0 + i;
+      if (m >= J.M) {
+        for (int q = 0; q < C; ++q) d[q] = T(0);
+        continue;
+      }
+      const T* src = J.a + m * J.a_m + (k0 + k) * J.a_k;
+      for (int q = 0; q < C; ++q) d[q] = q < comps ? src[q * J.a_c] : Op::template zero<T>(q);
+      ok &= Op::accepts(d, int(comps));
+      PackMark<MarkingOf<Op>>::pack_a(d);
+    }
+  }
+  return ok;
+}
+
+// The whole product of one batch entry; false (and a partial C) when an entry
+// of g is outside what Op::accepts.
 template <class Op, class T, class V, int MR, int NV, bool ARG>
-TS_TILE_FN void run_job(const Job<T>& J) {
+TS_TILE_FN bool run_job(const Job<T>& J) {
   constexpr int L = sizeof(V) / sizeof(T), C = Op::kComponents, NR = NV * L;
   constexpr int64_t KC = block_k<T, C, NR>(), MC = block_m<T, C, MR, NR>();
   const int64_t M = J.M, N = J.N, K = J.K;
   const int64_t panels = (N + NR - 1) / NR;
-
-  // B: panel-major, then k, then NR lanes; columns past N padded with 0 (their
-  // results are never stored).
-  if (J.pack_b) {
-    for (int64_t p = 0; p < panels; ++p) {
-      T* dst = J.bpack + p * K * NR;
-      const int64_t n0 = p * NR, nv = std::min<int64_t>(NR, N - n0);
-      for (int64_t k = 0; k < K; ++k) {
-        const T* src = J.b + k * J.b_k + n0 * J.b_n;
-        T* d = dst + k * NR;
-        if (J.b_n == 1) {
-          std::memcpy(d, src, nv * sizeof(T));
-        } else {
-          for (int64_t n = 0; n < nv; ++n) d[n] = src[n * J.b_n];
-        }
-        for (int64_t n = nv; n < NR; ++n) d[n] = T(0);
-      }
-    }
-  }
 
   alignas(64) T tile[C * MR * NR];
   alignas(64) int32_t tile_ix[ARG ? MR * NR : 1];
@@ -204,20 +221,8 @@ TS_TILE_FN void run_job(const Job<T>& J) {
     for (int64_t m0 = 0; m0 < M; m0 += MC) {
       const int64_t mc = std::min(MC, M - m0);
       const int64_t strips = (mc + MR - 1) / MR;
-      // A: MR rows at a time, k-major, components innermost; rows past M
-      // padded with 0 (never stored).
-      for (int64_t s = 0; s < strips; ++s) {
-        T* dst = J.apack + s * kc * MR * C;
-        for (int64_t k = 0; k < kc; ++k) {
-          for (int i = 0; i < MR; ++i) {
-            const int64_t m = m0 + s * MR + i;
-            for (int q = 0; q < C; ++q)
-              dst[(k * MR + i) * C + q] = m >= M                ? T(0)
-                                          : q < J.a_components ? J.a[q * J.a_c + m * J.a_m + (k0 + k) * J.a_k]
-                                                               : Op::template zero<T>(q);
-          }
-        }
-      }
+      for (int64_t s = 0; s < strips; ++s)
+        if (!pack_a_strip<Op, T, MR>(J, m0 + s * MR, k0, kc, J.apack + s * kc * MR * C)) return false;
       for (int64_t p = 0; p < panels; ++p) {
         const int64_t n0 = p * NR, nv = std::min<int64_t>(NR, N - n0);
         const T* bp = J.bpack + (p * K + k0) * NR;
@@ -250,6 +255,7 @@ TS_TILE_FN void run_job(const Job<T>& J) {
       }
     }
   }
+  return true;
 }
 
 #if defined(__x86_64__)
@@ -292,6 +298,52 @@ using MaxPlusKernel = MaxPlusOnFma;
 using MaxPlusKernel = MaxPlus;
 #endif
 
+// a·b with `a` read as an embedded-broadcast memory operand on AVX-512. Left
+// to itself GCC broadcasts a into a register once per row and multiplies
+// register by register: one more instruction per row on the FP pipes.
+template <class V, class T>
+TS_TILE_FN V times_broadcast(const T& a, V b) {
+  V t;
+#if defined(__x86_64__)
+  if constexpr (sizeof(V) == 64 && sizeof(T) == 4) {
+    asm("vmulps %[a]%{1to16%}, %[b], %[t]" : [t] "=v"(t) : [b] "v"(b), [a] "m"(a));
+    return t;
+  } else if constexpr (sizeof(V) == 64) {
+    asm("vmulpd %[a]%{1to8%}, %[b], %[t]" : [t] "=v"(t) : [b] "v"(b), [a] "m"(a));
+    return t;
+  }
+#endif
+  t = a * b;
+  return t;
+}
+
+struct MaxTimesKernel : MaxTimes {
+  template <class V, class T>
+  TS_TILE_FN static V term(const T& a, V b) { return times_broadcast(a, b); }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* a, V b) { acc[0] = max_keep(acc[0], term(a[0], b)); }
+};
+
+// max_prod's pair: which of M·w, m·w is the larger follows from the sign of
+// w alone when M >= m (true of every value the semiring makes; the kernel
+// declines others), so each term takes a blend (any FP pipe) where a max and
+// a min (the FP-add pipes, the bottleneck) were needed: per term 2 mul + 2
+// blend + 2 max/min instead of 2 mul + 4 max/min. A zero edge (NaN) has no
+// sign and an empty value is (NaN, NaN): both terms stay NaN and are dropped.
+struct MaxProdPairKernel : MaxProdPair {
+  template <class T>
+  TS_TILE_FN static bool accepts(const T* v, int present) {
+    return MaxProdPair::accepts(v, present) && (v[0] == -std::numeric_limits<T>::infinity() || v[0] >= v[1]);
+  }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* a, V b) {
+    const V p = times_broadcast(a[0], b), q = times_broadcast(a[1], b);
+    const auto negative = b < V{};  // the same for every row: computed once per k
+    acc[0] = max_keep(acc[0], negative ? q : p);
+    acc[1] = min_keep(acc[1], negative ? p : q);
+  }
+};
+
 // Register budget: MR·NV·C accumulators (+ MR·NV argmax vectors) plus the NV
 // B vectors must fit the register file (32 zmm; 16 ymm/xmm).
 // (12×2 / 6×2 tiles for one component; 6 / 3 rows for pairs and argmax; kmax
@@ -307,17 +359,17 @@ enum class Isa { kPortable, kAvx2, kAvx512 };
 
 #if defined(__x86_64__) || defined(__i386__)
 template <class Op, class T, bool ARG>
-__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void run_avx512(const Job<T>& J) {
-  run_job<Op, T, typename VecOf<T, 64>::type, mr_for<Op, ARG>(32), 2, ARG>(J);
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) bool run_avx512(const Job<T>& J) {
+  return run_job<Op, T, typename VecOf<T, 64>::type, mr_for<Op, ARG>(32), 2, ARG>(J);
 }
 template <class Op, class T, bool ARG>
-__attribute__((target("avx2,fma"), flatten)) void run_avx2(const Job<T>& J) {
-  run_job<Op, T, typename VecOf<T, 32>::type, mr_for<Op, ARG>(16), 2, ARG>(J);
+__attribute__((target("avx2,fma"), flatten)) bool run_avx2(const Job<T>& J) {
+  return run_job<Op, T, typename VecOf<T, 32>::type, mr_for<Op, ARG>(16), 2, ARG>(J);
 }
 #endif
 template <class Op, class T, bool ARG>
-__attribute__((flatten)) void run_portable(const Job<T>& J) {
-  run_job<Op, T, typename VecOf<T, 16>::type, mr_for<Op, ARG>(16), 2, ARG>(J);
+__attribute__((flatten)) bool run_portable(const Job<T>& J) {
+  return run_job<Op, T, typename VecOf<T, 16>::type, mr_for<Op, ARG>(16), 2, ARG>(J);
 }
 
 Isa detect_isa() {
@@ -341,9 +393,15 @@ Isa detect_isa() {
   return isa;
 }
 
+// NR, the width of B's panels, under `isa`: NV = 2 vectors of its width.
+int64_t panel_lanes(Isa isa, int64_t elem_bytes) {
+  const int64_t vector_bytes = isa == Isa::kAvx512 ? 64 : isa == Isa::kAvx2 ? 32 : 16;
+  return 2 * vector_bytes / elem_bytes;
+}
+
 template <class Op, class T, bool ARG>
-void (*pick_kernel())(const Job<T>&) {
-  switch (detect_isa()) {
+bool (*pick_kernel(Isa isa))(const Job<T>&) {
+  switch (isa) {
 #if defined(__x86_64__) || defined(__i386__)
     case Isa::kAvx512: return &run_avx512<Op, T, ARG>;
     case Isa::kAvx2: return &run_avx2<Op, T, ARG>;
@@ -352,88 +410,149 @@ void (*pick_kernel())(const Job<T>&) {
   }
 }
 
-// Runs the kernel over every batch entry. a: (C, *batch, M, K) and b:
-// (*batch, K, N) already broadcast (stride 0 where broadcast); out: the
+// ---- B: the lifted weight, packed once per weight version -------------------
+
+// How w becomes B: log|w| (viterbi, kmax; the log is applied by ATen before
+// packing), |w| (max_abs), or w with its zero edges marked NaN (max_prod).
+// Every kind rejects a non-finite w: an infinite edge would meet −∞ or 0 in g
+// and give NaN (or a wrong infinity) in the generic arithmetic.
+enum class Lift { kLogAbs, kAbs, kMarkZeros };
+
+template <class T, Lift LIFT>
+bool pack_panels(const T* src, int64_t K, int64_t N, int64_t s_k, int64_t s_n, int64_t NR, T* dst) {
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  bool bad = false;
+  const int64_t panels = (N + NR - 1) / NR;
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t n0 = p * NR, nv = std::min(NR, N - n0);
+    for (int64_t k = 0; k < K; ++k) {
+      const T* x = src + k * s_k + n0 * s_n;
+      T* d = dst + (p * K + k) * NR;
+      for (int64_t n = 0; n < nv; ++n) {
+        const T v = x[n * s_n];
+        const T lifted = LIFT == Lift::kLogAbs ? v : std::abs(v);
+        bad |= !(lifted < inf);  // NaN too
+        d[n] = LIFT == Lift::kMarkZeros ? PackMark<MaxProdPair>::pack_b(v) : lifted;
+      }
+      for (int64_t n = nv; n < NR; ++n) d[n] = T(0);  // columns past N: never stored
+    }
+  }
+  return !bad;
+}
+
+// w with its expanded (stride-0) batch dims narrowed to one entry: each
+// distinct matrix is packed once, and broadcasting reuses it.
+Tensor distinct_entries(const Tensor& w) {
+  Tensor x = w;
+  for (int64_t d = 0; d < w.dim() - 2; ++d)
+    if (w.size(d) > 1 && w.stride(d) == 0) x = x.narrow(d, 0, 1);
+  return x;
+}
+
+// B for every batch entry of w (*wb, K, N): (entries, panels·K·NR), entries in
+// row-major order of wb. Empty when w is outside the kernel's range.
+template <class T, Lift LIFT>
+Prepared pack_weight(const Tensor& w, int64_t NR) {
+  const Tensor src = LIFT == Lift::kLogAbs ? w.abs().log_() : w;
+  const int64_t K = w.size(-2), N = w.size(-1), per_entry = (N + NR - 1) / NR * NR * K;
+  const int64_t batch_dims = w.dim() - 2, entries = w.numel() / (K * N);
+  auto packed = at::empty({entries, per_entry}, w.options());
+  std::vector<int64_t> pos(batch_dims, 0);
+  for (int64_t e = 0; e < entries; ++e) {
+    int64_t offset = 0;
+    for (int64_t d = 0; d < batch_dims; ++d) offset += pos[d] * src.stride(d);
+    if (!pack_panels<T, LIFT>(src.data_ptr<T>() + offset, K, N, src.stride(-2), src.stride(-1), NR,
+                              packed.data_ptr<T>() + e * per_entry))
+      return {};
+    for (int64_t d = batch_dims - 1; d >= 0; --d) {
+      if (++pos[d] < w.size(d)) break;
+      pos[d] = 0;
+    }
+  }
+  return {packed};
+}
+
+// The packed B of w for `isa`, from the lift cache when w is a leaf weight.
+template <class T, Lift LIFT>
+Tensor packed_weight(const Tensor& w, Isa isa) {
+  const int64_t nr = panel_lanes(isa, sizeof(T));
+  static const char* const lift_names[] = {"log|w|", "|w|", "w, zeros as NaN"};
+  const auto kind = std::string("max_gemm B: ") + lift_names[int(LIFT)] + ", NR=" + std::to_string(nr);
+  auto prepared = prepared_weight(w, kind, [nr](const Tensor& x) { return pack_weight<T, LIFT>(x, nr); });
+  return prepared.empty() ? Tensor() : prepared[0];
+}
+
+// Runs the kernel over every batch entry. a: (C', *batch, M, K) broadcast
+// (stride 0 where broadcast; C' <= C components); w: distinct_entries of the
+// weight (*wb, K, N), wb broadcastable to batch; packed: its B; out: the
 // contiguous (C, *batch, M, N) result; idx: contiguous (*batch, M, N) or
-// undefined.
+// nullptr. False when g holds an entry the kernel does not accept.
 template <class Op, class T, bool ARG>
-void launch(const Tensor& a, const Tensor& b, Tensor& out, Tensor* idx) {
+bool launch(Isa isa, const Tensor& a, const Tensor& w, const Tensor& packed, Tensor& out, Tensor* idx) {
   constexpr int C = Op::kComponents;
-  const int64_t M = a.size(-2), K = a.size(-1), N = b.size(-1);
-  std::vector<int64_t> batch(b.sizes().begin(), b.sizes().end() - 2);
+  const int64_t M = a.size(-2), K = a.size(-1), N = w.size(-1);
+  std::vector<int64_t> batch(a.sizes().begin() + 1, a.sizes().end() - 2);
   int64_t nbatch = 1;
   for (auto s : batch) nbatch *= s;
+  // Which entry of w a batch position uses: w's batch dims right-aligned,
+  // size-1 dims broadcast.
+  const int64_t lead = int64_t(batch.size()) - (w.dim() - 2);
+  std::vector<int64_t> w_step(batch.size(), 0);
+  for (int64_t d = int64_t(batch.size()) - 1, step = 1; d >= lead; --d) {
+    const int64_t size = w.size(d - lead);
+    w_step[d] = size == 1 ? 0 : step;
+    step *= size;
+  }
 
-  // The largest NR of any ISA (2 × 64-byte vectors) is a multiple of the
-  // others, so this B buffer fits whichever kernel runs; A is one L2 block
-  // plus a strip of rounding.
-  const int64_t nr_max = 2 * 64 / int64_t(sizeof(T));
-  const int64_t b_elems = (N + nr_max - 1) / nr_max * nr_max * K;
+  // A: one L2 block plus a strip of rounding.
   const int64_t a_elems = kL2BlockBytes / int64_t(sizeof(T)) + 12 * 512 * C;
-  auto work = at::empty({b_elems + a_elems + 16}, a.options());
-  T* bpack = work.data_ptr<T>();
-  T* apack = bpack + b_elems;
+  auto work = at::empty({a_elems + 16}, a.options());
 
-  auto kernel = pick_kernel<Op, T, ARG>();
-  count_kernel_call();
+  auto kernel = pick_kernel<Op, T, ARG>(isa);
   Job<T> J;
   J.M = M, J.N = N, J.K = K;
   J.a_c = a.stride(0), J.a_m = a.stride(-2), J.a_k = a.stride(-1);
   J.a_components = a.size(0);
-  J.b_k = b.stride(-2), J.b_n = b.stride(-1);
   J.c_c = out.stride(0);
-  J.apack = apack, J.bpack = bpack;
-  const T* b_last = nullptr;
+  J.apack = work.data_ptr<T>();
+  const T* b = packed.data_ptr<T>();
+  const int64_t per_entry = packed.size(1);
   std::vector<int64_t> pos(batch.size(), 0);
   for (int64_t e = 0; e < nbatch; ++e) {
-    int64_t oa = 0, ob = 0;
+    int64_t oa = 0, entry = 0;
     for (size_t d = 0; d < batch.size(); ++d) {
       oa += pos[d] * a.stride(1 + d);
-      ob += pos[d] * b.stride(d);
+      entry += pos[d] * w_step[d];
     }
     J.a = a.data_ptr<T>() + oa;
-    J.b = b.data_ptr<T>() + ob;
+    J.bpack = b + entry * per_entry;
     J.c = out.data_ptr<T>() + e * M * N;
     J.idx = idx ? idx->data_ptr<int32_t>() + e * M * N : nullptr;
-    J.pack_b = J.b != b_last;
-    b_last = J.b;
-    kernel(J);
+    if (!kernel(J)) return false;
     for (int64_t d = int64_t(batch.size()) - 1; d >= 0; --d) {  // next batch multi-index
       if (++pos[d] < batch[d]) break;
       pos[d] = 0;
     }
   }
+  count_kernel_call();
+  return true;
 }
 
-template <class Op, bool ARG>
-void launch_typed(const Tensor& a, const Tensor& b, Tensor& out, Tensor* idx) {
-  if (a.scalar_type() == at::kFloat) {
-    launch<Op, float, ARG>(a, b, out, idx);
-  } else {
-    launch<Op, double, ARG>(a, b, out, idx);
+// One product: B from w (cached when w is a leaf), then the kernel. False
+// when w or g is outside the kernel's range (the caller declines).
+template <class Op, Lift LIFT, bool ARG>
+bool run_product(const Tensor& g, const Tensor& w, Tensor& out, Tensor* idx) {
+  const Isa isa = detect_isa();
+  const Tensor entries = distinct_entries(w);
+  if (g.scalar_type() == at::kFloat) {
+    auto packed = packed_weight<float, LIFT>(entries, isa);
+    return packed.defined() && launch<Op, float, ARG>(isa, g, entries, packed, out, idx);
   }
-}
-
-bool all_finite(const Tensor& t) {
-  auto r = range_of(t);
-  return std::isfinite(r.first) && std::isfinite(r.second);
+  auto packed = packed_weight<double, LIFT>(entries, isa);
+  return packed.defined() && launch<Op, double, ARG>(isa, g, entries, packed, out, idx);
 }
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-
-// The preconditions under which the max kernels equal the generic path:
-// finite w (an infinite w would meet −∞ or 0 in g and give NaN there), and g
-// free of NaN and of values the generic arithmetic would turn into NaN
-// (+∞ in viterbi; for max_abs, g must be finite and >= 0 so that the kernel's
-// start value 0 is neutral).
-bool max_inputs_ok(bool times, const Tensor& g, const Tensor& w) {
-  if (!all_finite(w)) return false;
-  auto r = range_of(g);
-  if (times) return r.first >= 0 && r.second < kInf;
-  return r.second < kInf;  // false for NaN too
-}
-
-Tensor lifted(bool times, const Tensor& w) { return times ? w.abs() : w.abs().log(); }
 
 }  // namespace
 
@@ -488,15 +607,11 @@ bool kernel_applies(const Tensor& g, const Tensor& w, BatchedOperands& ops) {
 
 Tensor max_matmul(bool times, const Tensor& g, const Tensor& w) {
   BatchedOperands ops;
-  if (!kernel_applies(g, w, ops) || g.size(0) != 1 || !max_inputs_ok(times, g, w)) return {};
-  auto b = lifted(times, ops.w);
+  if (!kernel_applies(g, w, ops) || g.size(0) != 1) return {};
   auto out = at::empty(ops.out_shape, g.options());
-  if (times) {
-    launch_typed<MaxTimes, false>(ops.g, b, out, nullptr);
-  } else {
-    launch_typed<MaxPlusKernel, false>(ops.g, b, out, nullptr);
-  }
-  return out;
+  const bool ok = times ? run_product<MaxTimesKernel, Lift::kAbs, false>(ops.g, w, out, nullptr)
+                        : run_product<MaxPlusKernel, Lift::kLogAbs, false>(ops.g, w, out, nullptr);
+  return ok ? out : Tensor();
 }
 }  // namespace
 
@@ -513,8 +628,6 @@ std::tuple<Tensor, Tensor> max_matmul_argmax(const std::string& semiring, const 
   TORCH_CHECK(g.size(0) == 1 && broadcast_operands(g, w, ops),
               "torch_semiring: max_matmul_argmax needs a value (1, *batch, M, K) and w (*batch, K, N), got ",
               g.sizes(), " and ", w.sizes());
-  TORCH_CHECK(max_inputs_ok(times, g, w), "torch_semiring: max_matmul_argmax needs finite w and g without NaN",
-              times ? ", +inf or negative entries" : " or +inf", " (the generic path handles those)");
   auto out = at::empty(ops.out_shape, g.options());
   std::vector<int64_t> ishape(ops.out_shape.begin() + 1, ops.out_shape.end());
   auto idx = at::empty(ishape, g.options().dtype(at::kInt));
@@ -524,38 +637,28 @@ std::tuple<Tensor, Tensor> max_matmul_argmax(const std::string& semiring, const 
     idx.fill_(-1);
     return {out, idx};
   }
-  auto b = lifted(times, ops.w);
-  if (times) {
-    launch_typed<MaxTimes, true>(ops.g, b, out, &idx);
-  } else {
-    launch_typed<MaxPlusKernel, true>(ops.g, b, out, &idx);
-  }
+  const bool ok = times ? run_product<MaxTimesKernel, Lift::kAbs, true>(ops.g, w, out, &idx)
+                        : run_product<MaxPlusKernel, Lift::kLogAbs, true>(ops.g, w, out, &idx);
+  TORCH_CHECK(ok, "torch_semiring: max_matmul_argmax needs finite w and g without NaN",
+              times ? ", +inf or negative entries" : " or +inf", " (the generic path handles those)");
   return {out, idx};
 }
 
 Tensor max_prod_matmul(const Tensor& g, const Tensor& w) {
   BatchedOperands ops;
-  if (!kernel_applies(g, w, ops) || g.size(0) != 2 || !all_finite(w)) return {};
-  auto r = range_of(g);
-  if (std::isnan(r.first) || std::isnan(r.second)) return {};
-  // NaN marks "no term" (tile_arithmetic.h): an empty value (M = −∞) in both
-  // components, and a zero edge.
-  const double nan = std::numeric_limits<double>::quiet_NaN();
-  auto a = at::where(ops.g.select(0, 0).eq(-kInf).unsqueeze(0), nan, ops.g);
-  auto b = at::where(ops.w.eq(0), nan, ops.w);
+  if (!kernel_applies(g, w, ops) || g.size(0) != 2) return {};
+  // NaN marks "no term" (tile_arithmetic.h): an empty value (M = −∞) and a
+  // zero edge, marked while packing.
   auto out = at::empty(ops.out_shape, g.options());
-  launch_typed<MaxProdPair, false>(a, b, out, nullptr);
-  return out;
+  return run_product<MaxProdPairKernel, Lift::kMarkZeros, false>(ops.g, w, out, nullptr) ? out : Tensor();
 }
 
 Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k) {
   BatchedOperands ops;
-  if (k < 1 || k > 8 || g.size(0) != k || !kernel_applies(g, w, ops) || !max_inputs_ok(false, g, w)) return {};
-  auto b = lifted(false, ops.w);
+  if (k < 1 || k > 8 || g.size(0) != k || !kernel_applies(g, w, ops)) return {};
   if (k == 1) {  // one score: the max-plus product itself
     auto out = at::empty(ops.out_shape, g.options());
-    launch_typed<MaxPlusKernel, false>(ops.g, b, out, nullptr);
-    return out;
+    return run_product<MaxPlusKernel, Lift::kLogAbs, false>(ops.g, w, out, nullptr) ? out : Tensor();
   }
   // Lists padded with −∞ to a power of two (packing pads g; the padded scores
   // stay −∞ and are cut off).
@@ -563,14 +666,10 @@ Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k) {
   auto shape = ops.out_shape;
   shape[0] = kp;
   auto out = at::empty(shape, g.options());
-  if (kp == 2) {
-    launch_typed<TopKMerge<2, MaxPlusKernel>, false>(ops.g, b, out, nullptr);
-  } else if (kp == 4) {
-    launch_typed<TopKMerge<4, MaxPlusKernel>, false>(ops.g, b, out, nullptr);
-  } else {
-    launch_typed<TopKMerge<8, MaxPlusKernel>, false>(ops.g, b, out, nullptr);
-  }
-  return out.narrow(0, 0, k);
+  const bool ok = kp == 2   ? run_product<TopKMerge<2, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr)
+                  : kp == 4 ? run_product<TopKMerge<4, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr)
+                            : run_product<TopKMerge<8, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr);
+  return ok ? out.narrow(0, 0, k) : Tensor();
 }
 
 }  // namespace kernels

@@ -35,7 +35,8 @@ Tensor max_times_matmul(const Tensor& g, const Tensor& w);
 // the inputs are outside what the kernel supports.
 std::tuple<Tensor, Tensor> max_matmul_argmax(const std::string& semiring, const Tensor& g, const Tensor& w);
 // max_prod: (max_k max(M·w, m·w), min_k min(M·w, m·w)) over edges w != 0 and
-// non-empty g (M != −∞); nothing → (−∞, +∞).
+// non-empty g (M != −∞); nothing → (−∞, +∞). Declines pairs with M < m (no
+// semiring value has one).
 Tensor max_prod_matmul(const Tensor& g, const Tensor& w);
 // kmax(k), k <= 8: the k best of the k·K candidate scores g[j, m, k'] + log|w[k', n]|,
 // descending (−∞ padded). Larger k → undefined (generic path).
@@ -72,8 +73,6 @@ bool broadcast_operands(const Tensor& g, const Tensor& w, BatchedOperands& out);
 // CPU float32/float64 operands of one dtype, and not a graph-building call
 // (the kernels are not differentiable: create_graph takes the ATen path).
 bool kernel_dtype(const Tensor& g, const Tensor& w);
-// min and max of a tensor in one pass; NaN anywhere makes both NaN.
-std::pair<double, double> range_of(const Tensor& t);
 
 }  // namespace kernels
 }  // namespace torch_semiring

@@ -25,7 +25,26 @@
 //   ℓ = s + t + log Z,   h = (A − B)/Z
 // (the softmax(ℓ + log|w|)-weighted mean of h − log|w|), merged across blocks
 // with the blocks' softmax weights; stage 3 recomputes both exactly.
+//
+// Stage 1, which nearly every product ends in, is organised to cost the
+// GEMMs plus a few passes over g and the output, never over w:
+//   per weight — t, Q and, for entropy, QL = Q∘log|w| — made once per weight
+//     version and kept in the lift cache (lift_cache.h) when w is a leaf;
+//   per call — s (a max over each row of ℓ), P = e^{ℓ−s}; for entropy P and
+//     P∘h stacked like the output's two components, so that ONE GEMM call
+//     [P; P∘h]·Q gives Z and A (Q packed once for both), and B is subtracted
+//     in place by a second (A −= P·QL, beta = 1): the three-GEMM floor of
+//     entropy in two calls, written straight into the output; then one pass
+//     over the output for h = (A − B)/Z and the suspect test
+//     (Z < kb·tiny·4/eps), log Z in place, one pass adding s + t.
+// The range checks ride along instead of costing passes and host reads: NaN
+// or +∞ in ℓ shows up in s (a max over the row), in w in t (checked once per
+// weight version), a non-finite h in P∘h (P ∈ [0, 1], so P∘h is finite iff h
+// is). Any of them → the product declines to the generic path.
+// Cost per call: log 1 GEMM + ~5 element-wise passes over M·K or M·N;
+// entropy 3 GEMMs' work in 2 calls + ~7 passes.
 #include "kernels/cpu_gemm.h"
+#include "kernels/lift_cache.h"
 
 #include <atomic>
 #include <cmath>
@@ -42,8 +61,6 @@ constexpr int64_t kSmallBlock = 64;
 // What the stages did, for tests and benchmarks (see exp_shift_stats).
 std::atomic<int64_t> small_block_runs{0}, exact_entries{0};
 
-bool finite(std::pair<double, double> r) { return std::isfinite(r.first) && std::isfinite(r.second); }
-
 // log(e^x + e^y) where either may be −∞ (at::logaddexp gives NaN for −∞, −∞).
 Tensor log_add(const Tensor& x, const Tensor& y) {
   auto m = at::maximum(x, y);
@@ -51,7 +68,7 @@ Tensor log_add(const Tensor& x, const Tensor& y) {
   return m0 + ((x - m0).exp() + (y - m0).exp()).log();
 }
 
-// The product over k in blocks of `block`, merged in log space.
+// Stage 2: the product over k in blocks of `block`, merged in log space.
 // a: (…, M, K) log-values, h: the entropy's h (…, M, K) or undefined,
 // lw: log|w| (…, K, N). Returns ℓ (…, M, N), h (or undefined), and the
 // suspect mask.
@@ -100,9 +117,9 @@ Blocked blocked_product(const Tensor& a, const Tensor& h, const Tensor& lw, int6
   return out;
 }
 
-// Exact recomputation of the entries in `mask`: (nb, K) rows of a and columns
-// of log|w| gathered per entry, logsumexp over k; chunked so no temporary
-// exceeds ~4M elements. Writes into l (and h) in place.
+// Stage 3: exact recomputation of the entries in `mask`: (nb, K) rows of a and
+// columns of log|w| gathered per entry, logsumexp over k; chunked so no
+// temporary exceeds ~4M elements. Writes into l (and h) in place.
 void recompute_exact(const Tensor& a, const Tensor& h, const Tensor& lw, const Tensor& mask, Tensor& l_out,
                      Tensor& h_out) {
   const int64_t M = a.size(-2), K = a.size(-1), N = lw.size(-1);
@@ -132,54 +149,203 @@ void recompute_exact(const Tensor& a, const Tensor& h, const Tensor& lw, const T
   }
 }
 
-// The three stages for log (h undefined) or entropy.
-std::pair<Tensor, Tensor> exp_shift_product(const Tensor& a, const Tensor& h, const Tensor& w) {
-  count_kernel_call();
-  const int64_t K = a.size(-1);
-  auto lw = w.abs().log();
-  auto r = blocked_product(a, h, lw, K);
-  int64_t n_suspect = r.suspect.sum().item<int64_t>();
+// ---- stage 1 ----------------------------------------------------------------
+
+// The per-weight factors of stage 1: {t = max_k log|w| (…, 1, N), unclamped
+// (−∞ for a column without edges), Q = |w|e^{−t} (…, K, N)}, and for entropy
+// also QL = Q∘log|w| (0 where w = 0: no edge). Empty when w is not finite
+// (NaN or +∞ in t): the product declines.
+Prepared weight_factors(const Tensor& w, bool entropy) {
+  const double lowest = w.scalar_type() == at::kFloat ? double(std::numeric_limits<float>::lowest())
+                                                      : std::numeric_limits<double>::lowest();
+  auto lw = w.abs().log_();
+  auto t = lw.amax(-2, /*keepdim=*/true);
+  if (!t.lt(kInf).all().item<bool>()) return {};  // once per weight version when cached
+  auto Q = (lw - t.clamp_min(lowest)).exp_();     // a column without edges: e^{−∞} = 0
+  if (!entropy) return {t, Q};
+  auto QL = (Q * lw).masked_fill_(Q.eq(0), 0.0);  // 0·(−∞) where there is no edge
+  return {t, Q, QL};
+}
+
+Prepared factors_of(const Tensor& w, bool entropy) {
+  return prepared_weight(w, entropy ? "exp_shift: t, Q, Q log|w|" : "exp_shift: t, Q",
+                         [entropy](const Tensor& x) { return weight_factors(x, entropy); });
+}
+
+// s := max(s, lowest) in place, row_live := s > −∞; false if s holds NaN or
+// +∞ (ℓ had one in that row). s: contiguous (B·M).
+template <class T>
+bool clamp_row_shifts(Tensor& s, Tensor& row_live) {
+  const T lowest = std::numeric_limits<T>::lowest();
+  T* p = s.data_ptr<T>();
+  bool* live = row_live.data_ptr<bool>();
+  bool bad = false;
+  for (int64_t i = 0, n = s.numel(); i < n; ++i) {
+    const T v = p[i];
+    bad |= !(v < std::numeric_limits<T>::infinity());
+    live[i] = v > -std::numeric_limits<T>::infinity();
+    p[i] = v > lowest ? v : lowest;
+  }
+  return !bad;
+}
+
+// Every entry of the contiguous x finite.
+template <class T>
+bool all_finite(const Tensor& x) {
+  const T* p = x.data_ptr<T>();
+  bool bad = false;
+  for (int64_t i = 0, n = x.numel(); i < n; ++i) bad |= !(std::abs(p[i]) < std::numeric_limits<T>::infinity());
+  return !bad;
+}
+
+// After the GEMMs: Z (B, M, N) and, for entropy, D = A − B (B, M, N) in place
+// → h = D/Z (0 where Z = 0: no term); suspect := live ∧ Z < threshold.
+// Returns the number of suspects. s (B, M) rows' live flags, t (B, N).
+template <class T>
+int64_t finish_h_and_suspects(const Tensor& Z, Tensor* D, const Tensor& row_live, const Tensor& t, double threshold,
+                              Tensor& suspect) {
+  const int64_t B = Z.size(0), M = Z.size(1), N = Z.size(2);
+  const T* z = Z.data_ptr<T>();
+  T* d = D ? D->data_ptr<T>() : nullptr;
+  const bool* rl = row_live.data_ptr<bool>();
+  const T* tp = t.data_ptr<T>();
+  bool* sus = suspect.data_ptr<bool>();
+  int64_t count = 0;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t m = 0; m < M; ++m) {
+      const int64_t row = (b * M + m) * N;
+      const bool live_row = rl[b * M + m];
+      for (int64_t n = 0; n < N; ++n) {
+        const T zv = z[row + n];
+        const bool s = live_row && tp[b * N + n] > -std::numeric_limits<T>::infinity() && double(zv) < threshold;
+        sus[row + n] = s;
+        count += s;
+        if (d) d[row + n] = zv > T(0) ? d[row + n] / zv : T(0);
+      }
+    }
+  return count;
+}
+
+// l := (s + t) + log Z, with log Z already in place; s, t clamped to the
+// lowest finite value, so an entry without terms stays −∞.
+template <class T>
+void add_shifts(Tensor& l, const Tensor& s, const Tensor& t) {
+  const int64_t B = l.size(0), M = l.size(1), N = l.size(2);
+  const T lowest = std::numeric_limits<T>::lowest();
+  T* lp = l.data_ptr<T>();
+  const T* sp = s.data_ptr<T>();
+  const T* tp = t.data_ptr<T>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t m = 0; m < M; ++m) {
+      T* r = lp + (b * M + m) * N;
+      const T sv = sp[b * M + m];
+      const T* tr = tp + b * N;
+      for (int64_t n = 0; n < N; ++n) r[n] = (sv + (tr[n] > lowest ? tr[n] : lowest)) + r[n];
+    }
+}
+
+// The three stages for log (h undefined) or entropy. a, h: (…, M, K) (batch
+// dims broadcast); w: (…, K, N) as given; out_shape (C, …, M, N). Undefined
+// when the inputs are outside what the shifts reproduce exactly.
+template <class T>
+Tensor exp_shift_product(const Tensor& a, const Tensor& h, const Tensor& w, const std::vector<int64_t>& out_shape) {
+  const bool entropy = h.defined();
+  auto factors = factors_of(w, entropy);
+  if (factors.empty()) return {};
+  const int64_t M = a.size(-2), K = a.size(-1), N = w.size(-1);
+  auto opts = a.options();
+
+  auto s = a.amax(-1, /*keepdim=*/true);  // (…, M, 1), contiguous
+  auto row_live = at::empty(s.sizes(), opts.dtype(at::kBool));
+  if (!clamp_row_shifts<T>(s, row_live)) return {};
+
+  auto out = at::empty(out_shape, opts);
+  auto l = out.select(0, 0);
+  const Tensor& Q = factors[1];
+  Tensor D;
+  if (entropy) {
+    // [P; P∘h] stacked like the output's (ℓ, h): one GEMM call gives Z and
+    // A = (P∘h)·Q (for a 2-D w a single (2·M × K)·(K × N) product, Q packed
+    // once), then A −= P·(Q∘log|w|) accumulates in place.
+    auto shape = a.sizes().vec();
+    shape.insert(shape.begin(), 2);
+    auto PS = at::empty(shape, opts);
+    auto P = PS.select(0, 0), Ph = PS.select(0, 1);
+    at::sub_out(P, a, s).exp_();
+    at::mul_out(Ph, P, h);
+    if (!all_finite<T>(Ph)) return {};  // P ∈ [0, 1]: P∘h is finite iff h is
+    at::matmul_out(out, PS, Q);
+    D = out.select(0, 1);
+    const Tensor& QL = factors[2];
+    if (QL.dim() == 2) {
+      auto D2 = D.view({-1, N});
+      D2.addmm_(P.reshape({-1, K}), QL, /*beta=*/1, /*alpha=*/-1);
+    } else {
+      D.sub_(at::matmul(P, QL));
+    }
+  } else {
+    at::matmul_out(l, at::sub(a, s).exp_(), Q);
+  }
+
+  // The flat (B, M, N) views of the per-entry passes; t broadcast to (B, N).
+  std::vector<int64_t> batch(out_shape.begin() + 1, out_shape.end() - 2);
+  std::vector<int64_t> t_shape(batch);
+  t_shape.push_back(1), t_shape.push_back(N);
+  auto t = factors[0].expand(t_shape).contiguous().view({-1, N});
+  auto l3 = l.view({-1, M, N});
+  auto D3 = entropy ? D.view({-1, M, N}) : Tensor();
+  auto suspect = at::empty(l3.sizes(), opts.dtype(at::kBool));
+  const bool single = std::is_same<T, float>::value;
+  const double tiny = single ? std::numeric_limits<float>::min() : std::numeric_limits<double>::min();
+  const double eps = single ? std::numeric_limits<float>::epsilon() : std::numeric_limits<double>::epsilon();
+  int64_t n_suspect = finish_h_and_suspects<T>(l3, entropy ? &D3 : nullptr, row_live.view({-1, M}), t,
+                                               double(K) * tiny * 4 / eps, suspect);
+  l3.log_();
+  add_shifts<T>(l3, s.view({-1, M}), t);
+
+  if (n_suspect == 0) return out;
+  // Stages 2 and 3 need log|w| itself (and the operands broadcast).
+  std::vector<int64_t> w_shape(batch);
+  w_shape.push_back(K), w_shape.push_back(N);
+  auto lw = w.expand(w_shape).abs().log_();
+  Tensor l_out = l, h_out = entropy ? D : Tensor();
   // Stage 2 pays when exact recomputation of the suspects (K terms each)
   // would cost more than ~1/64 of the whole product.
-  if (K > kSmallBlock && n_suspect > std::max<int64_t>(64, r.l.numel() / kSmallBlock)) {
-    r = blocked_product(a, h, lw, kSmallBlock);
+  if (K > kSmallBlock && n_suspect > std::max<int64_t>(64, l.numel() / kSmallBlock)) {
+    auto r = blocked_product(a, h, lw, kSmallBlock);
+    l_out.copy_(r.l);
+    if (entropy) h_out.copy_(r.h);
+    suspect = r.suspect;
     n_suspect = r.suspect.sum().item<int64_t>();
     small_block_runs.fetch_add(1, std::memory_order_relaxed);
   }
   if (n_suspect > 0) {
-    recompute_exact(a, h, lw, r.suspect, r.l, r.h);
+    recompute_exact(a, h, lw, suspect, l_out, h_out);
     exact_entries.fetch_add(n_suspect, std::memory_order_relaxed);
   }
-  return {r.l, r.h};
+  return out;
 }
 
-// Shapes, dtypes and value ranges the shifts are exact on; undefined → the
-// generic path. Infinite w, NaN anywhere or +∞ in ℓ would make the generic
-// arithmetic itself produce NaN/∞, which the shifted form would not reproduce.
-bool prepare(const Tensor& g, const Tensor& w, int64_t components, BatchedOperands& ops) {
-  if (!kernel_dtype(g, w) || g.size(0) != components || !broadcast_operands(g, w, ops)) return false;
-  for (auto s : ops.out_shape) if (s == 0) return false;
-  if (ops.g.size(-1) == 0 || !finite(range_of(ops.w))) return false;
-  if (!(range_of(ops.g.select(0, 0)).second < kInf)) return false;  // false for NaN too
-  return components == 1 || finite(range_of(ops.g.select(0, 1)));
+// Shapes and dtypes the shifts apply to (value ranges are checked on the way,
+// see above); undefined → the generic path.
+Tensor exp_shift_matmul(const Tensor& g, const Tensor& w, int64_t components) {
+  BatchedOperands ops;
+  if (!kernel_dtype(g, w) || g.size(0) != components || !broadcast_operands(g, w, ops)) return {};
+  for (auto s : ops.out_shape) if (s == 0) return {};
+  if (ops.g.size(-1) == 0) return {};
+  auto a = ops.g.select(0, 0), h = components == 2 ? ops.g.select(0, 1) : Tensor();
+  auto out = g.scalar_type() == at::kFloat ? exp_shift_product<float>(a, h, w, ops.out_shape)
+                                           : exp_shift_product<double>(a, h, w, ops.out_shape);
+  if (out.defined()) count_kernel_call();
+  return out;
 }
 
 }  // namespace
 
 std::pair<int64_t, int64_t> exp_shift_stats() { return {small_block_runs.load(), exact_entries.load()}; }
 
-Tensor log_matmul(const Tensor& g, const Tensor& w) {
-  BatchedOperands ops;
-  if (!prepare(g, w, 1, ops)) return {};
-  return exp_shift_product(ops.g.select(0, 0), Tensor(), ops.w).first.unsqueeze(0);
-}
-
-Tensor entropy_matmul(const Tensor& g, const Tensor& w) {
-  BatchedOperands ops;
-  if (!prepare(g, w, 2, ops)) return {};
-  auto r = exp_shift_product(ops.g.select(0, 0), ops.g.select(0, 1), ops.w);
-  return at::stack({r.first, r.second});
-}
+Tensor log_matmul(const Tensor& g, const Tensor& w) { return exp_shift_matmul(g, w, 1); }
+Tensor entropy_matmul(const Tensor& g, const Tensor& w) { return exp_shift_matmul(g, w, 2); }
 
 }  // namespace kernels
 }  // namespace torch_semiring

@@ -16,6 +16,11 @@
 // accumulator is kept. The max_prod kernel uses NaN as the "no edge / empty
 // value" marker for exactly that reason; the callers reject NaN inputs before
 // packing, so a NaN can only be such a marker.
+//
+// `accepts(v, present)` says for which entries of g (v: the entry's
+// components, the first `present` of them given) a kernel equals the generic
+// arithmetic; the CPU kernels test it while packing g (no separate pass) and
+// decline the whole product when an entry fails.
 #pragma once
 
 #include <cstdint>
@@ -72,10 +77,13 @@ TS_TILE_FN bool argmax_better(T v1, int64_t i1, T v0, int64_t i0) {
 }
 
 // viterbi: out = max_k a + b, b = log|w| (lifted once while packing).
+// g: no NaN and no +∞ (+∞ + log 0 is NaN in the generic arithmetic).
 struct MaxPlus {
   static constexpr int kComponents = 1;
   template <class T>
   TS_TILE_FN static constexpr T zero(int) { return -std::numeric_limits<T>::infinity(); }
+  template <class T>
+  TS_TILE_FN static bool accepts(const T* v, int) { return v[0] < std::numeric_limits<T>::infinity(); }
   template <class V, class T>
   TS_TILE_FN static V term(T a, V b) { return a + b; }
   template <class V, class T>
@@ -83,10 +91,13 @@ struct MaxPlus {
 };
 
 // max_abs: out = max_k a · b, b = |w|; a, b >= 0 so the zero 0 is neutral.
+// g: finite and >= 0 (the start value 0 must be neutral; ∞·0 is NaN).
 struct MaxTimes {
   static constexpr int kComponents = 1;
   template <class T>
   TS_TILE_FN static constexpr T zero(int) { return T(0); }
+  template <class T>
+  TS_TILE_FN static bool accepts(const T* v, int) { return v[0] >= T(0) && v[0] < std::numeric_limits<T>::infinity(); }
   template <class V, class T>
   TS_TILE_FN static V term(T a, V b) { return a * b; }
   template <class V, class T>
@@ -105,6 +116,9 @@ struct MaxProdPair {
   TS_TILE_FN static constexpr T zero(int c) {
     return c == 0 ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::infinity();
   }
+  // g: no NaN (NaN is the kernel's own marker); infinities are exact.
+  template <class T>
+  TS_TILE_FN static bool accepts(const T* v, int) { return v[0] == v[0] && v[1] == v[1]; }
   template <class V, class T>
   TS_TILE_FN static void update(V* acc, const T* a, V b) {
     V p = a[0] * b, q = a[1] * b;
@@ -114,9 +128,9 @@ struct MaxProdPair {
 };
 
 // The NaN marking of MaxProdPair's inputs, per element: an empty value
-// (M = −∞) becomes (NaN, NaN), a zero edge NaN. The CPU path applies it to the
-// whole tensors (at::where in cpu_gemm.cpp); the CUDA kernel while loading a
-// tile into shared memory (pack_a) and lifting the weights (pack_b).
+// (M = −∞) becomes (NaN, NaN), a zero edge NaN. Applied while packing: by the
+// CPU kernels when they pack g and w (cpu_gemm.cpp), by the CUDA kernel while
+// loading a tile into shared memory (pack_a) and lifting the weights (pack_b).
 template <class Op>
 struct PackMark {
   template <class T>
@@ -148,6 +162,12 @@ struct TopKMerge {
   static constexpr int kComponents = KP;
   template <class T>
   TS_TILE_FN static constexpr T zero(int) { return -std::numeric_limits<T>::infinity(); }
+  template <class T>
+  TS_TILE_FN static bool accepts(const T* v, int present) {
+    bool ok = true;
+    for (int q = 0; q < present; ++q) ok &= Term::accepts(v + q, 1);
+    return ok;
+  }
   template <class V, class T>
   TS_TILE_FN static void update(V* acc, const T* a, V b) {
     V c[KP];

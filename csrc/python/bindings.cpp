@@ -9,6 +9,7 @@
 #include "../engine/engine.h"
 #include "../hooks/engine_hooks.h"
 #include "../kernels/cpu_gemm.h"
+#include "../kernels/lift_cache.h"
 #include "../rules/rule.h"
 #include "../semiring/semiring.h"
 
@@ -235,6 +236,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("kernel_isa", &kernels::kernel_isa);
   m.def("kernel_calls", &kernels::kernel_calls);
   m.def("exp_shift_stats", &kernels::exp_shift_stats);
+  // The kernels' weight-preparation cache (policy in kernels/lift_cache.h).
+  m.def("lift_cache_info", [] {
+    auto i = kernels::lift_cache_info();
+    py::dict d;
+    d["hits"] = i.hits, d["misses"] = i.misses, d["uncached"] = i.uncached;
+    d["entries"] = i.entries, d["bytes"] = i.bytes, d["limit"] = i.limit;
+    return d;
+  });
+  m.def("clear_lift_cache", &kernels::clear_lift_cache);
+  m.def("set_lift_cache_limit", &kernels::set_lift_cache_limit, py::arg("bytes"));
+  m.def("lift_cacheable", &kernels::lift_cacheable, py::arg("w"));
   // One kernel by semiring name, None where it does not apply (the semiring's
   // matmul then takes the generic path): lets tests check the kernel itself.
   m.def("kernel_matmul", [](const std::string& name, const at::Tensor& g, const at::Tensor& w) -> py::object {

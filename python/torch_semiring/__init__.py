@@ -28,6 +28,7 @@ __all__ = [
     "grad", "backward", "semiring", "set_semiring", "get_semiring", "semirings",
     "register_rule", "has_rule", "registered_rules", "set_logging", "decomposed",
     "top_paths", "component_flow", "dataset_flow", "track_modules", "Path", "Step",
+    "clear_lift_cache", "set_lift_cache_limit", "lift_cache_info",
 ]
 
 _log = _logging.getLogger("torch_semiring")
@@ -47,6 +48,30 @@ def set_logging(enabled: bool = True) -> None:
         _C.set_log_sink(_log.debug)
     else:
         _C.set_log_sink(None)
+
+
+def clear_lift_cache() -> None:
+    """Drop every weight the semiring matmul kernels prepared and cached.
+
+    The kernels keep lift(W) of leaf weights (parameters, frozen or between
+    optimizer steps) packed for reuse, valid until W's version counter changes
+    (any in-place update through W). Call this after changing a weight in a way
+    the version counter does not see (through ``.data``), or to free the memory.
+    """
+    _C.clear_lift_cache()
+
+
+def set_lift_cache_limit(nbytes: int) -> None:
+    """Bound the lift cache to ``nbytes`` (least recently used entries go first);
+    0 disables it. Default 1 GiB, or ``TORCH_SEMIRING_LIFT_CACHE_BYTES``."""
+    _C.set_lift_cache_limit(int(nbytes))
+
+
+def lift_cache_info() -> dict:
+    """The lift cache's counters: hits, misses, uncached (non-leaf operands, never
+    cached), entries, bytes held, limit. Entries of weights that died are dropped
+    before counting."""
+    return _C.lift_cache_info()
 
 
 if _os.environ.get("TORCH_SEMIRING_LOGS", "") not in ("", "0"):
