@@ -212,6 +212,62 @@ def test_kernel_does_not_apply(name):
         _C.kernel_matmul("kmax_nope", g, w)
 
 
+# Entries of g each kernel must decline (the generic arithmetic would give NaN
+# or a value the kernel's start value / markers cannot reproduce), per
+# component: (component, bad value).
+BAD_G = {
+    "viterbi": [(0, math.nan), (0, INF)],
+    "max_abs": [(0, math.nan), (0, INF), (0, -0.5)],
+    "max_prod": [(0, math.nan), (1, math.nan)],
+    "log": [(0, math.nan), (0, INF)],
+    "entropy": [(0, math.nan), (0, INF), (1, math.nan), (1, INF), (1, -INF)],
+    "kmax": [(0, math.nan), (0, INF), (KMAX_K - 1, math.nan)],
+}
+
+
+@pytest.mark.parametrize("name", KERNEL_SEMIRINGS)
+def test_kernel_declines_bad_values_anywhere(name, isa):
+    """The range checks ride on the packing of g (max kernels) or on the
+    shifts (log/entropy): a bad entry deep inside g — past the first k block
+    and the first row strips, in one batch entry — makes the kernel decline,
+    and the semiring's matmul still answers (by the generic path)."""
+    gen = torch.Generator().manual_seed(21)
+    g = make_value(name, (2, 40, 300), gen, torch.float64, with_empty=False)
+    w = make_weights((300, 33), gen, torch.float64)
+    assert _C.kernel_matmul(name, g, w) is not None
+    sr = _C.make_semiring(name, components(name))
+    for comp, bad in BAD_G[name]:
+        b = g.clone()
+        if name == "kmax" and comp == 0:
+            b[:, 1, 37, 290] = bad  # the whole list, so that it stays descending
+        else:
+            b[comp, 1, 37, 290] = bad
+        assert _C.kernel_matmul(name, b, w) is None, (comp, bad)
+        out = sr.matmul(b, w)
+        assert out.shape == (components(name), 2, 40, 33)
+    # a non-finite weight in one entry of a batched w
+    wb = make_weights((2, 300, 33), gen, torch.float64)
+    wb[1, 150, 7] = -INF
+    assert _C.kernel_matmul(name, g, wb) is None
+
+
+def test_max_prod_kernel_declines_inverted_pairs():
+    """The kernel picks M·w or m·w by the sign of w, which needs M >= m; a pair
+    with M < m (no semiring value has one) goes to the generic path."""
+    gen = torch.Generator().manual_seed(22)
+    g = make_value("max_prod", (6, 20), gen, torch.float64, with_empty=False)
+    w = make_weights((20, 5), gen, torch.float64)
+    g[:, 2, 3] = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    assert _C.kernel_matmul("max_prod", g, w) is None
+    out = _C.make_semiring("max_prod", 1).matmul(g, w)
+    torch.testing.assert_close(out, reference("max_prod", g, w))
+    # an empty value (M = −∞) is fine whatever m holds; infinite extremes are exact
+    g[:, 2, 3] = torch.tensor([-INF, INF], dtype=torch.float64)
+    g[:, 4, 1] = torch.tensor([INF, -INF], dtype=torch.float64)
+    g[:, 5, 2] = torch.tensor([INF, 3.0], dtype=torch.float64)
+    check("max_prod", g, w)
+
+
 @pytest.mark.parametrize("k", [1, 2, 4, 5, 8])
 def test_kmax_list_lengths(k, isa):
     """Every padded list length (2, 4, 8) and k = 1 (the max-plus kernel); ties kept."""
