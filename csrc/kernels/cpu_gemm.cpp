@@ -45,6 +45,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 namespace torch_semiring {
 namespace kernels {
@@ -120,8 +121,9 @@ TS_TILE_FN void store(T* p, V v) {
 
 // acc (MR × NR per component) ⊕= ⊕_k A[:, k] ⊗ B[k, :] over kc steps.
 // c: the tile in the output (ldc = row stride, cc = component stride), read
-// back unless `first`; ix likewise for the argmax.
-template <class Op, class T, class V, int MR, int NV, bool ARG>
+// back unless `first`; ix likewise for the argmax. A is packed in strips of
+// PACKED >= MR rows (an edge kernel reads the first MR rows of a strip).
+template <class Op, class T, class V, int MR, int NV, bool ARG, int PACKED = MR>
 TS_TILE_FN void micro_kernel(int64_t kc, int64_t k0, const T* ap, const T* bp, T* c, int64_t ldc, int64_t cc,
                              int32_t* ix, int64_t ldi, bool first) {
   constexpr int L = sizeof(V) / sizeof(T), C = Op::kComponents, NR = NV * L;
@@ -150,7 +152,7 @@ TS_TILE_FN void micro_kernel(int64_t kc, int64_t k0, const T* ap, const T* bp, T
   for (int64_t k = 0; k < kc; ++k) {
     V b[NV];
     _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) b[j] = load<V>(bp + k * NR + j * L);
-    const T* a = ap + k * MR * C;
+    const T* a = ap + k * PACKED * C;
     if constexpr (ARG) {
       const IV kv = IV{} + I(k0 + k);
       _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
@@ -204,12 +206,48 @@ TS_TILE_FN bool pack_a_strip(const Job<T>& J, int64_t r0, int64_t k0, int64_t kc
   return ok;
 }
 
+// A tile of mv <= MR rows and nv <= NR columns with an MR-row kernel reading
+// strips packed PACKED rows high: straight into C when it fits exactly, else
+// on a scratch tile whose valid part is copied.
+template <class Op, class T, class V, int MR, int NV, bool ARG, int PACKED>
+TS_TILE_FN void edge_tile(int64_t kc, int64_t k0, const T* ap, const T* bp, T* c, int64_t N, int64_t cc, int32_t* ix,
+                          bool first, int64_t mv, int64_t nv, T* tile, int32_t* tile_ix) {
+  constexpr int L = sizeof(V) / sizeof(T), C = Op::kComponents, NR = NV * L;
+  if (mv == MR && nv == NR) {
+    micro_kernel<Op, T, V, MR, NV, ARG, PACKED>(kc, k0, ap, bp, c, N, cc, ix, N, first);
+    return;
+  }
+  if (!first) {
+    for (int q = 0; q < C; ++q)
+      for (int64_t i = 0; i < mv; ++i)
+        for (int64_t n = 0; n < nv; ++n) tile[(q * MR + i) * NR + n] = c[q * cc + i * N + n];
+    if (ARG)
+      for (int64_t i = 0; i < mv; ++i)
+        for (int64_t n = 0; n < nv; ++n) tile_ix[i * NR + n] = ix[i * N + n];
+  }
+  micro_kernel<Op, T, V, MR, NV, ARG, PACKED>(kc, k0, ap, bp, tile, NR, MR * NR, tile_ix, NR, first);
+  for (int q = 0; q < C; ++q)
+    for (int64_t i = 0; i < mv; ++i)
+      for (int64_t n = 0; n < nv; ++n) c[q * cc + i * N + n] = tile[(q * MR + i) * NR + n];
+  if (ARG)
+    for (int64_t i = 0; i < mv; ++i)
+      for (int64_t n = 0; n < nv; ++n) ix[i * N + n] = tile_ix[i * NR + n];
+}
+
+// The heights of the edge kernels for the last, partial strip of rows: a
+// third and two thirds of MR (12 → 4, 8; 6 → 2, 4; 3 → 1, 2), else a half.
+// M = 64 tokens with MR = 12 would otherwise compute 72 rows.
+constexpr int edge_rows(int mr, int which) {
+  return mr % 3 == 0 ? mr / 3 * which : std::max(1, mr / 2);
+}
+
 // The whole product of one batch entry; false (and a partial C) when an entry
 // of g is outside what Op::accepts.
 template <class Op, class T, class V, int MR, int NV, bool ARG>
 TS_TILE_FN bool run_job(const Job<T>& J) {
   constexpr int L = sizeof(V) / sizeof(T), C = Op::kComponents, NR = NV * L;
   constexpr int64_t KC = block_k<T, C, NR>(), MC = block_m<T, C, MR, NR>();
+  constexpr int kEdge1 = edge_rows(MR, 1), kEdge2 = edge_rows(MR, 2);
   const int64_t M = J.M, N = J.N, K = J.K;
   const int64_t panels = (N + NR - 1) / NR;
 
@@ -231,26 +269,15 @@ TS_TILE_FN bool run_job(const Job<T>& J) {
           const T* ap = J.apack + s * kc * MR * C;
           T* c = J.c + r0 * N + n0;
           int32_t* ix = J.idx ? J.idx + r0 * N + n0 : nullptr;
-          if (mv == MR && nv == NR) {
+          if (nv == NR && mv == MR) {
             micro_kernel<Op, T, V, MR, NV, ARG>(kc, k0, ap, bp, c, N, J.c_c, ix, N, first);
-            continue;
+          } else if (mv <= kEdge1) {  // the last rows of M: a kernel that wastes fewer rows
+            edge_tile<Op, T, V, kEdge1, NV, ARG, MR>(kc, k0, ap, bp, c, N, J.c_c, ix, first, mv, nv, tile, tile_ix);
+          } else if (mv <= kEdge2) {
+            edge_tile<Op, T, V, kEdge2, NV, ARG, MR>(kc, k0, ap, bp, c, N, J.c_c, ix, first, mv, nv, tile, tile_ix);
+          } else {
+            edge_tile<Op, T, V, MR, NV, ARG, MR>(kc, k0, ap, bp, c, N, J.c_c, ix, first, mv, nv, tile, tile_ix);
           }
-          // Edge tile: run on a full-size scratch tile, copy the valid part.
-          if (!first) {
-            for (int q = 0; q < C; ++q)
-              for (int64_t i = 0; i < mv; ++i)
-                for (int64_t n = 0; n < nv; ++n) tile[(q * MR + i) * NR + n] = c[q * J.c_c + i * N + n];
-            if (ARG)
-              for (int64_t i = 0; i < mv; ++i)
-                for (int64_t n = 0; n < nv; ++n) tile_ix[i * NR + n] = ix[i * N + n];
-          }
-          micro_kernel<Op, T, V, MR, NV, ARG>(kc, k0, ap, bp, tile, NR, MR * NR, tile_ix, NR, first);
-          for (int q = 0; q < C; ++q)
-            for (int64_t i = 0; i < mv; ++i)
-              for (int64_t n = 0; n < nv; ++n) c[q * J.c_c + i * N + n] = tile[(q * MR + i) * NR + n];
-          if (ARG)
-            for (int64_t i = 0; i < mv; ++i)
-              for (int64_t n = 0; n < nv; ++n) ix[i * N + n] = tile_ix[i * NR + n];
         }
       }
     }
@@ -341,6 +368,71 @@ struct MaxProdPairKernel : MaxProdPair {
     const auto negative = b < V{};  // the same for every row: computed once per k
     acc[0] = max_keep(acc[0], negative ? q : p);
     acc[1] = min_keep(acc[1], negative ? p : q);
+  }
+};
+
+// A compare-exchange (hi, lo) = (max, min)(x, y) as one compare and two
+// blends: on AVX-512 the compare runs on the FMA pipes and the blends on any
+// FP pipe, where max + min both need the FP-add pipes. (Written in asm: GCC
+// folds `x > y ? x : y` back into a max.) Equal values may go either way;
+// inputs are never NaN (kmax's g and w are checked).
+template <class V>
+TS_TILE_FN void exchange_by_blend(V& x, V& y) {
+#if defined(__x86_64__)
+  if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 4) {
+    unsigned short k;  // an AVX-512 mask register
+    V hi, lo;
+    asm("vcmpps $14, %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y));  // x > y
+    asm("vblendmps %[x], %[y], %[hi]%{%[k]%}" : [hi] "=v"(hi) : [x] "v"(x), [y] "v"(y), [k] "Yk"(k));
+    asm("vblendmps %[y], %[x], %[lo]%{%[k]%}" : [lo] "=v"(lo) : [x] "v"(x), [y] "v"(y), [k] "Yk"(k));
+    x = hi, y = lo;
+    return;
+  } else if constexpr (sizeof(V) == 64) {
+    unsigned char k;
+    V hi, lo;
+    asm("vcmppd $14, %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y));
+    asm("vblendmpd %[x], %[y], %[hi]%{%[k]%}" : [hi] "=v"(hi) : [x] "v"(x), [y] "v"(y), [k] "Yk"(k));
+    asm("vblendmpd %[y], %[x], %[lo]%{%[k]%}" : [lo] "=v"(lo) : [x] "v"(x), [y] "v"(y), [k] "Yk"(k));
+    x = hi, y = lo;
+    return;
+  }
+#endif
+  const V hi = max_keep(y, x), lo = min_keep(y, x);
+  x = hi, y = lo;
+}
+
+// kmax's top-KP merge (TopKMerge) with the first kBlended compare-exchanges of
+// the bitonic network done by exchange_by_blend. Per term and vector KP adds
+// (FMA pipes), KP maxes and (KP/2)·log2(KP) exchanges, 2 ops each: all on the
+// FP-add pipes they would take 2 cycles per exchange pair; moving the fewest
+// exchanges that balance the pipes, (S − F)/5 rounded up with F, S the ops
+// on each pair of pipes, gives KP = 4: 6 → 4.5 cycles, KP = 8: 16 → ~11.3.
+template <int KP, class Term>
+struct TopKMergeKernel : TopKMerge<KP, Term> {
+  static constexpr int kExchanges = KP / 2 * (KP == 2 ? 1 : KP == 4 ? 2 : 3);
+  static constexpr int kBlended = (2 * kExchanges + 4) / 5;  // ceil((S − F)/5): S − F = 2·kExchanges
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* a, V b) {
+    V c[KP];
+    TS_UNROLL(8)
+    for (int q = 0; q < KP; ++q) c[q] = max_keep(acc[q], Term::term(a[KP - 1 - q], b));
+    int exchange = 0;
+    TS_UNROLL(4)
+    for (int d = KP / 2; d >= 1; d /= 2) {
+      TS_UNROLL(8)
+      for (int i = 0; i < KP; ++i) {
+        if (i & d) continue;
+        if (exchange++ < kBlended) {
+          exchange_by_blend(c[i], c[i + d]);
+        } else {
+          V hi = max_keep(c[i + d], c[i]), lo = min_keep(c[i + d], c[i]);
+          c[i] = hi;
+          c[i + d] = lo;
+        }
+      }
+    }
+    TS_UNROLL(8)
+    for (int q = 0; q < KP; ++q) acc[q] = c[q];
   }
 };
 
@@ -482,6 +574,15 @@ Tensor packed_weight(const Tensor& w, Isa isa) {
   return prepared.empty() ? Tensor() : prepared[0];
 }
 
+// The packed A block, one per thread and kept: a fresh ~200 KB allocation per
+// product is an mmap plus page faults on every call. 64-byte aligned.
+void* a_block_buffer(int64_t bytes) {
+  thread_local std::vector<char> buffer;
+  if (int64_t(buffer.size()) < bytes + 64) buffer.resize(bytes + 64);
+  const auto address = reinterpret_cast<std::uintptr_t>(buffer.data());
+  return buffer.data() + (64 - address % 64) % 64;
+}
+
 // Runs the kernel over every batch entry. a: (C', *batch, M, K) broadcast
 // (stride 0 where broadcast; C' <= C components); w: distinct_entries of the
 // weight (*wb, K, N), wb broadcastable to batch; packed: its B; out: the
@@ -506,7 +607,6 @@ bool launch(Isa isa, const Tensor& a, const Tensor& w, const Tensor& packed, Ten
 
   // A: one L2 block plus a strip of rounding.
   const int64_t a_elems = kL2BlockBytes / int64_t(sizeof(T)) + 12 * 512 * C;
-  auto work = at::empty({a_elems + 16}, a.options());
 
   auto kernel = pick_kernel<Op, T, ARG>(isa);
   Job<T> J;
@@ -514,7 +614,7 @@ bool launch(Isa isa, const Tensor& a, const Tensor& w, const Tensor& packed, Ten
   J.a_c = a.stride(0), J.a_m = a.stride(-2), J.a_k = a.stride(-1);
   J.a_components = a.size(0);
   J.c_c = out.stride(0);
-  J.apack = work.data_ptr<T>();
+  J.apack = static_cast<T*>(a_block_buffer(a_elems * int64_t(sizeof(T))));
   const T* b = packed.data_ptr<T>();
   const int64_t per_entry = packed.size(1);
   std::vector<int64_t> pos(batch.size(), 0);
@@ -666,9 +766,10 @@ Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k) {
   auto shape = ops.out_shape;
   shape[0] = kp;
   auto out = at::empty(shape, g.options());
-  const bool ok = kp == 2   ? run_product<TopKMerge<2, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr)
-                  : kp == 4 ? run_product<TopKMerge<4, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr)
-                            : run_product<TopKMerge<8, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr);
+  const bool ok =
+      kp == 2   ? run_product<TopKMergeKernel<2, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr)
+      : kp == 4 ? run_product<TopKMergeKernel<4, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr)
+                : run_product<TopKMergeKernel<8, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr);
   return ok ? out.narrow(0, 0, k) : Tensor();
 }
 
