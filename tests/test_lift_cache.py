@@ -3,7 +3,8 @@ kernel prepares from a weight (lift, packing, exp-shift factors) is computed
 once per version of a leaf weight and reused.
 
 Checked here: hits and misses are counted; results are bit-identical with the
-cache on, off, and for an operand that may not be cached; an in-place update
+cache on, off, and for an operand that may not be cached (an activation, or a
+tensor that is not a saved operand of a node); an in-place update
 (through the tensor or a view of it) invalidates; a dead weight's entry is
 dropped; the byte limit evicts; activations and inference tensors are never
 cached; a weight the kernel declines stays declined until it is fixed.
@@ -45,9 +46,10 @@ def not_cacheable_copy(w):
     return out
 
 
-def kernel(name, g, w):
+def kernel(name, g, w, saved_operand=True):
+    """A product as a matmul rule runs it: w is an operand the node saved."""
     with torch.no_grad():  # how the engine calls it: a non-leaf operand may require grad
-        return _C.kernel_matmul(name, g, w)
+        return _C.kernel_matmul(name, g, w, saved_operand=saved_operand)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -158,6 +160,22 @@ def test_activations_and_inference_tensors_are_not_cached():
     assert not _C.lift_cacheable(frozen)
     kernel("log", g, frozen)
     assert ts.lift_cache_info()["entries"] == 0
+
+
+@pytest.mark.parametrize("name", KERNEL_SEMIRINGS)
+def test_tensors_made_by_rules_are_not_cached(name):
+    """A leaf that is not a saved operand (a rule's temporary: the engine runs
+    with grad mode off, so those are leaves too) is prepared per call."""
+    gen = torch.Generator().manual_seed(9)
+    g = value_for(name, 4, 16, gen)
+    w = make_weights((3, 16, 12), gen, torch.float64)
+    out = kernel(name, g, w, saved_operand=False)
+    again = kernel(name, g, w, saved_operand=False)
+    info = ts.lift_cache_info()
+    assert info["entries"] == 0 and info["hits"] == 0 and info["uncached"] == 2
+    assert torch.equal(out, again)
+    assert torch.equal(out, kernel(name, g, w))  # the same numbers through the cache
+    assert ts.lift_cache_info()["entries"] == 1
 
 
 def test_byte_limit_evicts_least_recently_used():

@@ -510,26 +510,76 @@ bool (*pick_kernel(Isa isa))(const Job<T>&) {
 // and give NaN (or a wrong infinity) in the generic arithmetic.
 enum class Lift { kLogAbs, kAbs, kMarkZeros };
 
+// One panel of B: K rows of nv <= NR lifted weights (unit column stride, row
+// stride s_k) into dst (K × NR, the columns past nv zero: never stored);
+// false if a weight is not finite. `lift` is a Lift. Vectorised (see
+// TS_CPU_CLONES): packing an activation costs about one copy.
+#pragma GCC push_options
+#pragma GCC optimize("O3")
+template <class T>
+inline __attribute__((always_inline)) bool pack_panel_impl(int lift, const T* x, int64_t s_k, int64_t K, int64_t nv,
+                                                           int64_t NR, T* dst) {
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  int bad = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const T* xr = x + k * s_k;
+    T* d = dst + k * NR;
+    if (lift == int(Lift::kLogAbs)) {  // log|w| already: +∞ or NaN came from a non-finite w
+      for (int64_t n = 0; n < nv; ++n) {
+        bad |= !(xr[n] < inf);
+        d[n] = xr[n];
+      }
+    } else if (lift == int(Lift::kAbs)) {
+      for (int64_t n = 0; n < nv; ++n) {
+        const T v = std::abs(xr[n]);
+        bad |= !(v < inf);
+        d[n] = v;
+      }
+    } else {
+      for (int64_t n = 0; n < nv; ++n) {
+        const T v = xr[n];
+        bad |= !(std::abs(v) < inf);
+        d[n] = PackMark<MaxProdPair>::pack_b(v);
+      }
+    }
+    for (int64_t n = nv; n < NR; ++n) d[n] = T(0);
+  }
+  return !bad;
+}
+TS_CPU_CLONES bool pack_panel(int lift, const float* x, int64_t s_k, int64_t K, int64_t nv, int64_t NR, float* dst) {
+  return pack_panel_impl(lift, x, s_k, K, nv, NR, dst);
+}
+TS_CPU_CLONES bool pack_panel(int lift, const double* x, int64_t s_k, int64_t K, int64_t nv, int64_t NR,
+                              double* dst) {
+  return pack_panel_impl(lift, x, s_k, K, nv, NR, dst);
+}
+#pragma GCC pop_options
+
+// B of one matrix src (K × N, any strides) lifted and packed into panels.
 template <class T, Lift LIFT>
 bool pack_panels(const T* src, int64_t K, int64_t N, int64_t s_k, int64_t s_n, int64_t NR, T* dst) {
   constexpr T inf = std::numeric_limits<T>::infinity();
-  bool bad = false;
+  bool ok = true;
   const int64_t panels = (N + NR - 1) / NR;
   for (int64_t p = 0; p < panels; ++p) {
     const int64_t n0 = p * NR, nv = std::min(NR, N - n0);
-    for (int64_t k = 0; k < K; ++k) {
+    T* d = dst + p * K * NR;
+    if (s_n == 1) {
+      ok &= pack_panel(int(LIFT), src + n0, s_k, K, nv, NR, d);
+      continue;
+    }
+    for (int64_t k = 0; k < K; ++k, d += NR) {  // strided columns (a transposed weight): element by element
       const T* x = src + k * s_k + n0 * s_n;
-      T* d = dst + (p * K + k) * NR;
       for (int64_t n = 0; n < nv; ++n) {
         const T v = x[n * s_n];
         const T lifted = LIFT == Lift::kLogAbs ? v : std::abs(v);
-        bad |= !(lifted < inf);  // NaN too
+        ok &= lifted < inf;  // NaN too
         d[n] = LIFT == Lift::kMarkZeros ? PackMark<MaxProdPair>::pack_b(v) : lifted;
       }
-      for (int64_t n = nv; n < NR; ++n) d[n] = T(0);  // columns past N: never stored
+      for (int64_t n = nv; n < NR; ++n) d[n] = T(0);
     }
   }
-  return !bad;
+  return ok;
 }
 
 // w with its expanded (stride-0) batch dims narrowed to one entry: each
@@ -541,38 +591,82 @@ Tensor distinct_entries(const Tensor& w) {
   return x;
 }
 
+// Offset of batch entry e (row-major over w's batch dims) in a tensor shaped
+// like w.
+int64_t entry_offset(const Tensor& t, int64_t e) {
+  int64_t offset = 0;
+  for (int64_t d = t.dim() - 3; d >= 0; --d) {
+    offset += e % t.size(d) * t.stride(d);
+    e /= t.size(d);
+  }
+  return offset;
+}
+
+// The lifted source that pack_panels reads: ATen's vectorised log for log|w|,
+// w itself otherwise (|w| and the zero marking are applied while packing).
+template <Lift LIFT>
+Tensor lift_source(const Tensor& w) {
+  return LIFT == Lift::kLogAbs ? w.abs().log_() : w;
+}
+
 // B for every batch entry of w (*wb, K, N): (entries, panels·K·NR), entries in
 // row-major order of wb. Empty when w is outside the kernel's range.
 template <class T, Lift LIFT>
 Prepared pack_weight(const Tensor& w, int64_t NR) {
-  const Tensor src = LIFT == Lift::kLogAbs ? w.abs().log_() : w;
+  const Tensor src = lift_source<LIFT>(w);
   const int64_t K = w.size(-2), N = w.size(-1), per_entry = (N + NR - 1) / NR * NR * K;
-  const int64_t batch_dims = w.dim() - 2, entries = w.numel() / (K * N);
+  const int64_t entries = w.numel() / (K * N);
   auto packed = at::empty({entries, per_entry}, w.options());
-  std::vector<int64_t> pos(batch_dims, 0);
-  for (int64_t e = 0; e < entries; ++e) {
-    int64_t offset = 0;
-    for (int64_t d = 0; d < batch_dims; ++d) offset += pos[d] * src.stride(d);
-    if (!pack_panels<T, LIFT>(src.data_ptr<T>() + offset, K, N, src.stride(-2), src.stride(-1), NR,
+  for (int64_t e = 0; e < entries; ++e)
+    if (!pack_panels<T, LIFT>(src.data_ptr<T>() + entry_offset(src, e), K, N, src.stride(-2), src.stride(-1), NR,
                               packed.data_ptr<T>() + e * per_entry))
       return {};
-    for (int64_t d = batch_dims - 1; d >= 0; --d) {
-      if (++pos[d] < w.size(d)) break;
-      pos[d] = 0;
-    }
-  }
   return {packed};
 }
 
-// The packed B of w for `isa`, from the lift cache when w is a leaf weight.
+// B of each batch entry of w (distinct_entries) for `isa`. A weight the lift
+// cache keeps (a saved leaf, lift_cache.h) is packed whole, once per version.
+// Anything else (an activation, a tensor made by a rule: used once) is packed
+// one entry at a time just before its products, into one buffer that stays
+// in cache: packing all entries ahead would stream them through memory twice.
 template <class T, Lift LIFT>
-Tensor packed_weight(const Tensor& w, Isa isa) {
-  const int64_t nr = panel_lanes(isa, sizeof(T));
-  static const char* const lift_names[] = {"log|w|", "|w|", "w, zeros as NaN"};
-  const auto kind = std::string("max_gemm B: ") + lift_names[int(LIFT)] + ", NR=" + std::to_string(nr);
-  auto prepared = prepared_weight(w, kind, [nr](const Tensor& x) { return pack_weight<T, LIFT>(x, nr); });
-  return prepared.empty() ? Tensor() : prepared[0];
-}
+class WeightPanels {
+ public:
+  WeightPanels(const Tensor& w, Isa isa) : K_(w.size(-2)), N_(w.size(-1)), nr_(panel_lanes(isa, sizeof(T))) {
+    per_entry_ = (N_ + nr_ - 1) / nr_ * nr_ * K_;
+    if (lift_cache_applies(w)) {
+      static const char* const lift_names[] = {"log|w|", "|w|", "w, zeros as NaN"};
+      const auto kind = std::string("max_gemm B: ") + lift_names[int(LIFT)] + ", NR=" + std::to_string(nr_);
+      const int64_t nr = nr_;
+      auto prepared = prepared_weight(w, kind, [nr](const Tensor& x) { return pack_weight<T, LIFT>(x, nr); });
+      if (!prepared.empty()) packed_ = prepared[0];
+      ok_ = packed_.defined();
+    } else {
+      count_uncached_preparation();
+      at::NoGradGuard no_grad;
+      source_ = lift_source<LIFT>(w);
+      packed_ = at::empty({per_entry_}, w.options());
+    }
+  }
+  bool ok() const { return ok_; }
+  // Entry e's panels; nullptr when it holds a value outside the kernel's range.
+  const T* entry(int64_t e) {
+    if (!source_.defined()) return packed_.data_ptr<T>() + e * per_entry_;
+    if (e != current_) {
+      const T* src = source_.data_ptr<T>() + entry_offset(source_, e);
+      if (!pack_panels<T, LIFT>(src, K_, N_, source_.stride(-2), source_.stride(-1), nr_, packed_.data_ptr<T>()))
+        return nullptr;
+      current_ = e;
+    }
+    return packed_.data_ptr<T>();
+  }
+
+ private:
+  int64_t K_, N_, nr_, per_entry_;
+  Tensor packed_, source_;
+  int64_t current_ = -1;
+  bool ok_ = true;
+};
 
 // The packed A block, one per thread and kept: a fresh ~200 KB allocation per
 // product is an mmap plus page faults on every call. 64-byte aligned.
@@ -585,12 +679,14 @@ void* a_block_buffer(int64_t bytes) {
 
 // Runs the kernel over every batch entry. a: (C', *batch, M, K) broadcast
 // (stride 0 where broadcast; C' <= C components); w: distinct_entries of the
-// weight (*wb, K, N), wb broadcastable to batch; packed: its B; out: the
-// contiguous (C, *batch, M, N) result; idx: contiguous (*batch, M, N) or
-// nullptr. False when g holds an entry the kernel does not accept.
-template <class Op, class T, bool ARG>
-bool launch(Isa isa, const Tensor& a, const Tensor& w, const Tensor& packed, Tensor& out, Tensor* idx) {
+// weight (*wb, K, N), wb broadcastable to batch; out: the contiguous
+// (C, *batch, M, N) result; idx: contiguous (*batch, M, N) or nullptr. False
+// when w or g holds an entry the kernel does not accept.
+template <class Op, class T, bool ARG, Lift LIFT>
+bool launch(Isa isa, const Tensor& a, const Tensor& w, Tensor& out, Tensor* idx) {
   constexpr int C = Op::kComponents;
+  WeightPanels<T, LIFT> panels(w, isa);
+  if (!panels.ok()) return false;
   const int64_t M = a.size(-2), K = a.size(-1), N = w.size(-1);
   std::vector<int64_t> batch(a.sizes().begin() + 1, a.sizes().end() - 2);
   int64_t nbatch = 1;
@@ -615,8 +711,6 @@ bool launch(Isa isa, const Tensor& a, const Tensor& w, const Tensor& packed, Ten
   J.a_components = a.size(0);
   J.c_c = out.stride(0);
   J.apack = static_cast<T*>(a_block_buffer(a_elems * int64_t(sizeof(T))));
-  const T* b = packed.data_ptr<T>();
-  const int64_t per_entry = packed.size(1);
   std::vector<int64_t> pos(batch.size(), 0);
   for (int64_t e = 0; e < nbatch; ++e) {
     int64_t oa = 0, entry = 0;
@@ -625,7 +719,8 @@ bool launch(Isa isa, const Tensor& a, const Tensor& w, const Tensor& packed, Ten
       entry += pos[d] * w_step[d];
     }
     J.a = a.data_ptr<T>() + oa;
-    J.bpack = b + entry * per_entry;
+    J.bpack = panels.entry(entry);
+    if (!J.bpack) return false;
     J.c = out.data_ptr<T>() + e * M * N;
     J.idx = idx ? idx->data_ptr<int32_t>() + e * M * N : nullptr;
     if (!kernel(J)) return false;
@@ -644,12 +739,8 @@ template <class Op, Lift LIFT, bool ARG>
 bool run_product(const Tensor& g, const Tensor& w, Tensor& out, Tensor* idx) {
   const Isa isa = detect_isa();
   const Tensor entries = distinct_entries(w);
-  if (g.scalar_type() == at::kFloat) {
-    auto packed = packed_weight<float, LIFT>(entries, isa);
-    return packed.defined() && launch<Op, float, ARG>(isa, g, entries, packed, out, idx);
-  }
-  auto packed = packed_weight<double, LIFT>(entries, isa);
-  return packed.defined() && launch<Op, double, ARG>(isa, g, entries, packed, out, idx);
+  return g.scalar_type() == at::kFloat ? launch<Op, float, ARG, LIFT>(isa, g, entries, out, idx)
+                                       : launch<Op, double, ARG, LIFT>(isa, g, entries, out, idx);
 }
 
 constexpr double kInf = std::numeric_limits<double>::infinity();

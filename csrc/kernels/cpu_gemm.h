@@ -19,6 +19,15 @@
 #include <string>
 #include <tuple>
 
+// The kernels' element-wise helper loops (packing, the exp-shift passes) are
+// compiled -O3 (`#pragma GCC optimize` around them) and cloned per ISA with
+// the clone picked at load time, so that they vectorise without a build flag.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TS_CPU_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define TS_CPU_CLONES
+#endif
+
 namespace torch_semiring {
 namespace kernels {
 

@@ -188,11 +188,7 @@ Prepared factors_of(const Tensor& w, bool entropy) {
 // division per output entry costs ~10 % of the product's GEMM.
 #pragma GCC push_options
 #pragma GCC optimize("O3")
-#if defined(__x86_64__) && !defined(__clang__)
-#define TS_ELEMENTWISE __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define TS_ELEMENTWISE
-#endif
+#define TS_ELEMENTWISE TS_CPU_CLONES
 
 // How many z[n] < threshold[n].
 template <class T>

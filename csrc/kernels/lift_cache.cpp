@@ -126,6 +126,20 @@ Prepared make_without_grad(const at::Tensor& w, const std::function<Prepared(con
 
 }  // namespace
 
+namespace {
+thread_local int saved_operand_depth = 0;
+}
+
+SavedOperandScope::SavedOperandScope() { ++saved_operand_depth; }
+SavedOperandScope::~SavedOperandScope() { --saved_operand_depth; }
+
+bool lift_cache_applies(const at::Tensor& w) {
+  if (saved_operand_depth == 0 || !lift_cacheable(w)) return false;
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  return c.limit > 0;
+}
+
 bool lift_cacheable(const at::Tensor& w) {
   if (!w.defined() || w.is_inference() || w.layout() != at::kStrided || !w.has_storage()) return false;
   at::TensorBase base = w;
@@ -133,14 +147,17 @@ bool lift_cacheable(const at::Tensor& w) {
   return base.is_leaf();
 }
 
+void count_uncached_preparation() {
+  auto& c = cache();
+  std::lock_guard<std::mutex> lock(c.mutex);
+  ++c.uncached;
+}
+
 Prepared prepared_weight(const at::Tensor& w, const std::string& kind,
                          const std::function<Prepared(const at::Tensor&)>& make) {
   auto& c = cache();
-  if (!lift_cacheable(w)) {
-    {
-      std::lock_guard<std::mutex> lock(c.mutex);
-      ++c.uncached;
-    }
+  if (!lift_cache_applies(w)) {
+    count_uncached_preparation();
     return make_without_grad(w, make);
   }
   Key key = key_of(w, kind);

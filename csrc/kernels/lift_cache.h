@@ -10,10 +10,15 @@
 // third to a half of the GEMM itself when M (tokens) is small.
 //
 // Policy:
-// - Only tensors that cannot be an activation are cached: leaves (no grad_fn:
-//   parameters, frozen or not, and inputs) and views of leaves (addmm saves
-//   W.t()). Inference tensors (no version counter) and non-strided layouts
-//   are never cached.
+// - Caching is opt-in per call site: a rule marks, with a SavedOperandScope,
+//   the products whose weight operand is a tensor the node saved in the
+//   forward pass (the linear-algebra rules do). Tensors made while rules run
+//   are leaves too (the engine runs with grad mode off) but serve one call:
+//   they are always prepared per call, one batch entry at a time.
+// - Of the saved operands only those that cannot be an activation are cached:
+//   leaves (no grad_fn: parameters, frozen or not, and inputs) and views of
+//   leaves (addmm saves W.t()). Inference tensors (no version counter) and
+//   non-strided layouts are never cached.
 // - An entry belongs to one (storage, data pointer, storage offset, sizes,
 //   strides, dtype, device, preparation kind) and is valid only for the
 //   tensor's version counter value it was made at: an in-place change
@@ -47,14 +52,32 @@ namespace kernels {
 using Prepared = std::vector<at::Tensor>;
 
 // The preparation `kind` of w (a name that says what, and anything else it
-// depends on: ISA, tile width) — from the cache when w is cacheable and an
-// entry of its current version exists, else make(w) (run under no-grad),
-// stored when w is cacheable and the result fits the limit.
+// depends on: ISA, tile width) — from the cache when lift_cache_applies(w)
+// and an entry of its current version exists, else make(w) (run under
+// no-grad), stored when lift_cache_applies(w) and the result fits the limit.
 Prepared prepared_weight(const at::Tensor& w, const std::string& kind,
                          const std::function<Prepared(const at::Tensor&)>& make);
 
-// Whether w may be cached (see the policy above).
+// Marks the products run inside it as having a saved forward tensor of the
+// node as their weight operand (see the policy). Thread-local, nests.
+class SavedOperandScope {
+ public:
+  SavedOperandScope();
+  ~SavedOperandScope();
+  SavedOperandScope(const SavedOperandScope&) = delete;
+  SavedOperandScope& operator=(const SavedOperandScope&) = delete;
+};
+
+// Whether w is a tensor the cache may keep, if passed as a saved operand: a
+// leaf or a view of one (see the policy above).
 bool lift_cacheable(const at::Tensor& w);
+// Whether prepared_weight(w, …) here would look w up in the cache (inside a
+// SavedOperandScope, lift_cacheable, and the cache not disabled): a kernel
+// that would otherwise prepare w lazily, entry by entry, prepares it whole.
+bool lift_cache_applies(const at::Tensor& w);
+// For a kernel that prepares a non-cacheable w itself (without
+// prepared_weight): counts it in LiftCacheInfo::uncached.
+void count_uncached_preparation();
 
 struct LiftCacheInfo {
   int64_t hits = 0, misses = 0;  // lookups of cacheable weights since the last clear

@@ -6,6 +6,8 @@
 #include <torch/csrc/autograd/python_function.h>
 #include <torch/extension.h>
 
+#include <optional>
+
 #include "../engine/engine.h"
 #include "../hooks/engine_hooks.h"
 #include "../kernels/cpu_gemm.h"
@@ -249,7 +251,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("lift_cacheable", &kernels::lift_cacheable, py::arg("w"));
   // One kernel by semiring name, None where it does not apply (the semiring's
   // matmul then takes the generic path): lets tests check the kernel itself.
-  m.def("kernel_matmul", [](const std::string& name, const at::Tensor& g, const at::Tensor& w) -> py::object {
+  // saved_operand: w stands for a tensor a node saved in the forward pass (as
+  // in the matmul rules), which the lift cache may keep (kernels/lift_cache.h).
+  m.def("kernel_matmul", [](const std::string& name, const at::Tensor& g, const at::Tensor& w,
+                            bool saved_operand) -> py::object {
+    std::optional<kernels::SavedOperandScope> scope;
+    if (saved_operand) scope.emplace();
     at::Tensor out;
     if (name == "viterbi") out = kernels::max_plus_matmul(g, w);
     else if (name == "max_abs") out = kernels::max_times_matmul(g, w);
@@ -259,7 +266,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     else if (name == "kmax") out = kernels::kmax_matmul(g, w, g.size(0));  // k = the value's components
     else TORCH_CHECK_VALUE(false, "torch_semiring: no matmul kernel for semiring '", name, "'");
     return out.defined() ? py::cast(out) : py::none();
-  });
+  }, py::arg("name"), py::arg("g"), py::arg("w"), py::arg("saved_operand") = false);
   m.def("restore_builtin_rules", &register_builtin_rules);
   m.def("registered_rules", &registered_rules);
   m.def("has_rule", [](const std::string& name) { return find_rule(name) != nullptr; });

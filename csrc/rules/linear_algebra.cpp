@@ -6,6 +6,7 @@
 #include <torch/csrc/autograd/generated/Functions.h>
 
 #include "rule.h"
+#include "../kernels/lift_cache.h"
 
 namespace torch_semiring {
 
@@ -16,11 +17,16 @@ using torch::autograd::SavedVariable;
 namespace {
 
 // Values for A and B of C = A @ B (matrices or batches of them) from the value
-// g of C. Saved operands exist only when the other side needs them.
+// g of C. Saved operands exist only when the other side needs them. The
+// operand is a tensor the node saved: when it is a leaf (a parameter, frozen
+// or between optimizer steps) the semiring kernels keep what they prepare
+// from it for the next call (kernels/lift_cache.h).
 Tensor value_of_lhs(const Semiring& sr, const Tensor& g, const Tensor& b) {
+  kernels::SavedOperandScope saved;
   return sr.matmul(g, b.transpose(-1, -2));
 }
 Tensor value_of_rhs(const Semiring& sr, const Tensor& g, const Tensor& a) {
+  kernels::SavedOperandScope saved;
   return sr.matmul(g.transpose(-1, -2), a).transpose(-1, -2);
 }
 
