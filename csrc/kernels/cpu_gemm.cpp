@@ -23,6 +23,14 @@
 // packed once. Single-threaded: the engine calls many small products, and the
 // benchmarks pin one thread.
 //
+// Instruction choices follow the FP pipes of the Zen 4 core these kernels
+// were tuned on (measured with independent instruction streams): vmaxps /
+// vminps / vaddps issue on two pipes, vmulps / FMA / vcmpps-to-mask on the
+// other two, vblendmps and integer min/max on any of the four. So a max-plus
+// term is an FMA (b·1 + a) plus a max — one op on each pair, as fast as an
+// SGEMM's FMA — and the kernels with more maxes per term (max_prod, kmax)
+// move what they can to blends.
+//
 // One source, three instruction sets: the kernel is written with GCC vector
 // extensions (tile_arithmetic.h) and instantiated inside functions marked
 // __attribute__((target(...), flatten)), so the whole loop nest is compiled for

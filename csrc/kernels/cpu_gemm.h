@@ -10,7 +10,14 @@
 // on and an input requiring grad), inputs outside the range the
 // kernel is exact on (NaN, infinities where the generic arithmetic would
 // produce NaN), empty dims — and the caller then takes the generic path. So a
-// kernel never returns a number the generic path would not.
+// kernel never returns a number the generic path would not. The range checks
+// cost no pass of their own: g is checked while it is packed (max kernels) or
+// through its row maxima (log/entropy), w once per preparation.
+//
+// What a kernel prepares from w (its lift, packed for the micro-kernel, or
+// the exp-shift factors) is kept in the lift cache (lift_cache.h) when the
+// call runs inside a SavedOperandScope and w is a leaf weight: a product with
+// a frozen weight then costs the GEMM and a pass over g and the output only.
 #pragma once
 
 #include <ATen/ATen.h>
