@@ -124,11 +124,10 @@ Prepared make_without_grad(const at::Tensor& w, const std::function<Prepared(con
   return make(w);
 }
 
-}  // namespace
-
-namespace {
+// How many SavedOperandScopes are open on this thread.
 thread_local int saved_operand_depth = 0;
-}
+
+}  // namespace
 
 SavedOperandScope::SavedOperandScope() { ++saved_operand_depth; }
 SavedOperandScope::~SavedOperandScope() { --saved_operand_depth; }
