@@ -72,6 +72,11 @@ bool kernel_dtype(const Tensor& g, const Tensor& w) {
          !(at::GradMode::is_enabled() && (g.requires_grad() || w.requires_grad()));
 }
 
+std::pair<double, double> range_of(const Tensor& t) {
+  auto mm = at::aminmax(t);
+  return {std::get<0>(mm).item<double>(), std::get<1>(mm).item<double>()};
+}
+
 namespace {
 
 template <class T, int Bytes>

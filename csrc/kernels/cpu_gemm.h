@@ -89,6 +89,11 @@ bool broadcast_operands(const Tensor& g, const Tensor& w, BatchedOperands& out);
 // CPU float32/float64 operands of one dtype, and not a graph-building call
 // (the kernels are not differentiable: create_graph takes the ATen path).
 bool kernel_dtype(const Tensor& g, const Tensor& w);
+// min and max of a tensor in one pass; NaN anywhere makes both NaN (one pass
+// and two host reads: the kernels themselves check ranges while packing; this
+// is for callers that must decide before calling an entry point that raises,
+// such as max_matmul_argmax).
+std::pair<double, double> range_of(const Tensor& t);
 
 }  // namespace kernels
 }  // namespace torch_semiring
