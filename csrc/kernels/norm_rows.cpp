@@ -15,6 +15,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -104,32 +105,32 @@ struct RadixSorter {
 // suffix sums of [L, m), refilled from the back when it runs empty): each sum
 // is then of exactly the window's elements — no subtraction, so no
 // cancellation against an excluded or outlying term — at O(1) amortised.
+// S series, stored interleaved: v[k·S + s].
+template <int S>
 struct WindowSums {
-  const std::vector<std::vector<double>>* series = nullptr;  // S series of n values
-  int64_t n = 0, L = 0, R = 0, m = 0;
-  std::vector<double> front;  // [s * (n + 1) + i]: Σ of series s over [i, m)
-  std::vector<double> back;   // [s]: Σ over [m, R)
+  const double* v = nullptr;
+  int64_t L = 0, R = 0, m = 0;
+  std::vector<double> front;  // [i·S + s]: Σ of series s over [i, m)
+  double back[S];             // Σ over [m, R)
 
-  void reset(const std::vector<std::vector<double>>& v, int64_t size, int64_t start) {
-    series = &v, n = size, L = R = m = start;
-    front.resize(v.size() * (n + 1));
-    back.assign(v.size(), 0.0);
+  void reset(const double* values, int64_t n, int64_t start) {
+    v = values, L = R = m = start;
+    front.resize((n + 1) * S);
+    for (int s = 0; s < S; ++s) back[s] = 0;
   }
   void advance(int64_t new_l, int64_t new_r) {
-    const auto& v = *series;
     for (; R < new_r; ++R)
-      for (size_t s = 0; s < v.size(); ++s) back[s] += v[s][R];
+      for (int s = 0; s < S; ++s) back[s] += v[R * S + s];
     if (new_l > m) {  // the front ran out: the back's elements become the front
-      for (size_t s = 0; s < v.size(); ++s) {
-        double acc = 0;
-        for (int64_t i = R - 1; i >= m; --i) front[s * (n + 1) + i] = acc += v[s][i];
-        back[s] = 0;
-      }
+      double acc[S] = {};
+      for (int64_t i = R - 1; i >= m; --i)
+        for (int s = 0; s < S; ++s) front[i * S + s] = acc[s] += v[i * S + s];
+      for (int s = 0; s < S; ++s) back[s] = 0;
       m = R;
     }
     L = new_l;
   }
-  double sum(size_t s) const { return (L < m ? front[s * (n + 1) + L] : 0.0) + back[s]; }
+  double sum(int s) const { return (L < m ? front[L * S + s] : 0.0) + back[s]; }
 };
 
 // ---- the sum family ----------------------------------------------------------
@@ -138,37 +139,33 @@ struct WindowSums {
 // L = |·| or [· ≠ 0]. Queries are taken in sorted order: the negative x first
 // (θ = −1/x rises from 0+), then the zeros, then the positive x (θ rises to
 // 0−); the window bounds around θ only move right within each group.
+// Series (interleaved, sorted order): 2v = w_v, 2v + 1 = w_v·x.
+template <int W>
 struct SumRow {
+  static constexpr int S = 2 * W;
   RadixSorter sorter;
-  WindowSums window;
+  WindowSums<S> window;
   std::vector<int32_t> order;
-  std::vector<double> xs;
-  std::vector<std::vector<double>> series, prefix, suffix;  // 2v: w_v, 2v + 1: w_v·x (sorted order)
+  std::vector<double> xs, series, prefix, suffix;  // series [k·S + s], prefix/suffix [k·S + s] over [0, k) / [k, n)
 
-  void run(const double* x, int64_t n, const std::vector<const double*>& w, const std::vector<double*>& out,
-           bool nonzero) {
-    order.resize(n), xs.resize(n);
+  void run(const double* x, int64_t n, const double* const* w, double* const* out, bool nonzero) {
+    order.resize(n), xs.resize(n), series.resize(n * S), prefix.resize((n + 1) * S), suffix.resize((n + 1) * S);
     sorter.sort(x, n, order.data());
-    for (int64_t k = 0; k < n; ++k) xs[k] = x[order[k]];
-    const size_t S = 2 * w.size();
-    series.resize(S), prefix.resize(S), suffix.resize(S);
-    for (size_t v = 0; v < w.size(); ++v) {
-      auto &a = series[2 * v], &b = series[2 * v + 1];
-      a.resize(n), b.resize(n);
-      for (int64_t k = 0; k < n; ++k) a[k] = w[v][order[k]], b[k] = a[k] * xs[k];
+    for (int64_t k = 0; k < n; ++k) {
+      const int32_t i = order[k];
+      xs[k] = x[i];
+      for (int v = 0; v < W; ++v) series[k * S + 2 * v] = w[v][i], series[k * S + 2 * v + 1] = w[v][i] * x[i];
     }
-    for (size_t s = 0; s < S; ++s) {
-      auto &p = prefix[s], &q = suffix[s];
-      p.resize(n + 1), q.resize(n + 1);
-      p[0] = 0, q[n] = 0;
-      for (int64_t k = 0; k < n; ++k) p[k + 1] = p[k] + series[s][k];
-      for (int64_t k = n - 1; k >= 0; --k) q[k] = q[k + 1] + series[s][k];
-    }
+    for (int s = 0; s < S; ++s) prefix[s] = 0, suffix[n * S + s] = 0;
+    for (int64_t k = 0; k < n; ++k)
+      for (int s = 0; s < S; ++s) prefix[(k + 1) * S + s] = prefix[k * S + s] + series[k * S + s];
+    for (int64_t k = n - 1; k >= 0; --k)
+      for (int s = 0; s < S; ++s) suffix[k * S + s] = suffix[(k + 1) * S + s] + series[k * S + s];
     const int64_t first_zero = std::lower_bound(xs.begin(), xs.end(), 0.0) - xs.begin();
     const int64_t first_positive = std::upper_bound(xs.begin(), xs.end(), 0.0) - xs.begin();
     // x = 0: every weight is 1 + 0 = 1.
     for (int64_t k = first_zero; k < first_positive; ++k)
-      for (size_t v = 0; v < w.size(); ++v) out[v][order[k]] = prefix[2 * v][k] + suffix[2 * v][k + 1];
+      for (int v = 0; v < W; ++v) out[v][order[k]] = prefix[k * S + 2 * v] + suffix[(k + 1) * S + 2 * v];
     // 1 + x t changes sign at x = θ = −1/t; [lo, hi) holds the x within a
     // relative kWindow of θ (|1 + x t| ≲ kWindow there), summed term by term.
     auto bounds = [&](double t, int64_t& lo, int64_t& hi) {
@@ -178,37 +175,37 @@ struct SumRow {
       while (hi < n && xs[hi] <= theta + reach) ++hi;
     };
     auto finish = [&](int64_t k, double t, int64_t lo, int64_t hi, const double* pos, const double* neg) {
-      for (size_t v = 0; v < w.size(); ++v) {
+      for (int v = 0; v < W; ++v) {
         double s = nonzero ? pos[2 * v] + neg[2 * v]
                            : (pos[2 * v] + t * pos[2 * v + 1]) - (neg[2 * v] + t * neg[2 * v + 1]);
         for (int64_t q = lo; q < hi; ++q) {
           if (q == k) continue;
           const double y = one_plus(xs[q], t);
-          s += nonzero ? (y != 0 ? series[2 * v][q] : 0.0) : series[2 * v][q] * std::abs(y);
+          s += nonzero ? (y != 0 ? series[q * S + 2 * v] : 0.0) : series[q * S + 2 * v] * std::abs(y);
         }
         out[v][order[k]] = s;
       }
     };
-    std::vector<double> pos(S), neg(S);
+    double pos[S], neg[S];
     // t < 0: x < θ is positive — [0, k) ∪ (k, lo); x > θ negative — [hi, n).
     int64_t lo = 0, hi = 0;
-    window.reset(series, n, 1);
+    window.reset(series.data(), n, 1);
     for (int64_t k = 0; k < first_zero; ++k) {
       const double t = xs[k];
       bounds(t, lo, hi);
       window.advance(k + 1, std::max(lo, k + 1));  // (k, lo): j itself is positive, so lo > k
-      for (size_t s = 0; s < S; ++s) pos[s] = prefix[s][k] + window.sum(s), neg[s] = suffix[s][hi];
-      finish(k, t, lo, hi, pos.data(), neg.data());
+      for (int s = 0; s < S; ++s) pos[s] = prefix[k * S + s] + window.sum(s), neg[s] = suffix[hi * S + s];
+      finish(k, t, lo, hi, pos, neg);
     }
     // t > 0: x > θ is positive — [hi, k) ∪ (k, n); x < θ negative — [0, lo).
     lo = 0, hi = 0;
-    window.reset(series, n, 0);
+    window.reset(series.data(), n, 0);
     for (int64_t k = first_positive; k < n; ++k) {
       const double t = xs[k];
       bounds(t, lo, hi);
       window.advance(std::min(hi, k), k);  // [hi, k): j itself is positive, so hi ≤ k
-      for (size_t s = 0; s < S; ++s) pos[s] = window.sum(s) + suffix[s][k + 1], neg[s] = prefix[s][lo];
-      finish(k, t, lo, hi, pos.data(), neg.data());
+      for (int s = 0; s < S; ++s) pos[s] = window.sum(s) + suffix[(k + 1) * S + s], neg[s] = prefix[lo * S + s];
+      finish(k, t, lo, hi, pos, neg);
     }
   }
 };
@@ -636,17 +633,6 @@ double exact_log_max(const double* a, const double* x, int64_t n, int64_t j, int
 
 // ---- tensor plumbing ----------------------------------------------------------
 
-bool applies(const std::vector<at::Tensor>& ts) {
-  for (const auto& t : ts) {
-    if (!t.defined() || !t.device().is_cpu() || t.dim() != 2 || !t.sizes().equals(ts[0].sizes())) return false;
-    if (t.scalar_type() != at::kFloat && t.scalar_type() != at::kDouble) return false;
-    if (t.numel() > 0 && t.isnan().any().item<bool>()) return false;
-  }
-  return ts[0].size(1) < (int64_t(1) << 30);
-}
-bool finite(const at::Tensor& t) { return t.numel() == 0 || at::isfinite(t).all().item<bool>(); }
-at::Tensor as_double(const at::Tensor& t) { return t.to(at::kDouble).contiguous(); }
-
 // Row maximum of log values (−∞ for a row without paths) and the largest |x|.
 struct RowScale {
   double top, xmax;
@@ -660,273 +646,311 @@ bool suspect(double sum, int64_t n, double xmax, double t) {
   return !(sum >= kUnderflowGuard * double(n) * (1.0 + xmax * std::abs(t))) || !std::isfinite(sum);
 }
 
+// What an input may hold for the kernels to reproduce the generic arithmetic.
+enum class Holds { Finite, LogValues /* no NaN, no +∞ */, Sums /* ≥ 0, +∞ allowed */, AnyButNaN };
+bool holds(Holds what, double v) {
+  switch (what) {
+    case Holds::Finite: return std::isfinite(v);
+    case Holds::LogValues: return v < kInf;  // false for NaN
+    case Holds::Sums: return v >= 0;         // false for NaN
+    default: return v == v;
+  }
+}
+
+// Runs body(r, in, out) over the rows of the (R, N) inputs: each row read in
+// its dtype (float32 or float64; all inputs one dtype, CPU) into float64
+// buffers and checked (`what[k]` for input k), each output row written back in
+// that dtype. Any input value outside what it may hold, or any other misfit,
+// makes the whole call decline: it returns no tensors (the caller takes the
+// generic path). No pass over the data besides the rows themselves.
+template <class Body>
+std::vector<at::Tensor> over_rows(const std::vector<at::Tensor>& ins, const std::vector<Holds>& what, int nout,
+                                  Body body) {
+  const auto& first = ins[0];
+  if (!first.defined() || first.dim() != 2 || first.size(1) >= (int64_t(1) << 30)) return {};
+  const auto dtype = first.scalar_type();
+  if (dtype != at::kFloat && dtype != at::kDouble) return {};
+  for (const auto& t : ins)
+    if (!t.defined() || !t.device().is_cpu() || t.scalar_type() != dtype || !t.sizes().equals(first.sizes()))
+      return {};
+  const int64_t R = first.size(0), n = first.size(1);
+  std::vector<at::Tensor> in, out;
+  for (const auto& t : ins) in.push_back(t.contiguous());
+  for (int k = 0; k < nout; ++k) out.push_back(at::empty({R, n}, first.options()));
+  std::atomic<bool> declined{false};
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    std::vector<const T*> pin;
+    std::vector<T*> pout;
+    for (auto& t : in) pin.push_back(t.template data_ptr<T>());
+    for (auto& t : out) pout.push_back(t.template data_ptr<T>());
+    at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
+      std::vector<std::vector<double>> rows(in.size(), std::vector<double>(n)), res(nout, std::vector<double>(n));
+      std::vector<const double*> rin(in.size());
+      std::vector<double*> rout(nout);
+      for (size_t k = 0; k < in.size(); ++k) rin[k] = rows[k].data();
+      for (int k = 0; k < nout; ++k) rout[k] = res[k].data();
+      for (int64_t r = r0; r < r1 && !declined.load(std::memory_order_relaxed); ++r) {
+        bool ok = true;
+        for (size_t k = 0; k < in.size(); ++k) {
+          const T* src = pin[k] + r * n;
+          double* dst = rows[k].data();
+          const Holds w = what[k];
+          for (int64_t i = 0; i < n; ++i) ok &= holds(w, dst[i] = double(src[i]));
+        }
+        if (!ok) {
+          declined.store(true, std::memory_order_relaxed);
+          return;
+        }
+        body(r, rin.data(), rout.data());
+        for (int k = 0; k < nout; ++k)
+          for (int64_t i = 0; i < n; ++i) pout[k][r * n + i] = T(res[k][i]);
+      }
+    });
+  };
+  if (dtype == at::kFloat) run(float{});
+  else run(double{});
+  if (declined) return {};
+  return out;
+}
+
 }  // namespace
 
 at::Tensor sum_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool nonzero) {
   // w may hold +∞ (a count or Z beyond the dtype's range): any existing edge
   // from such an i makes the sum +∞; the rest is the sum of the finite ones.
-  if (!applies({w_in, x_in}) || !finite(x_in) || (w_in.numel() && (w_in < 0).any().item<bool>())) return {};
-  auto w = as_double(w_in), x = as_double(x_in);
-  const int64_t R = x.size(0), n = x.size(1);
-  auto out = at::empty({R, n}, x.options());
-  const double *pw = w.data_ptr<double>(), *px = x.data_ptr<double>();
-  double* po = out.data_ptr<double>();
-  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
-    SumRow row;
-    std::vector<double> finite_w(n);
-    std::vector<int64_t> infinite;
-    for (int64_t r = r0; r < r1; ++r) {
-      const double *wr = pw + r * n, *xr = px + r * n;
-      double* o = po + r * n;
-      infinite.clear();
-      for (int64_t i = 0; i < n; ++i) {
-        finite_w[i] = wr[i] == kInf ? 0.0 : wr[i];
-        if (wr[i] == kInf) infinite.push_back(i);
-      }
-      row.run(xr, n, {finite_w.data()}, {o}, nonzero);
-      for (int64_t j = 0; j < n && !infinite.empty(); ++j)
-        for (int64_t i : infinite)
-          if (i != j && one_plus(xr[i], xr[j]) != 0) o[j] = kInf;
+  const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
+  auto out = over_rows({w_in, x_in}, {Holds::Sums, Holds::Finite}, 1, [&, n](int64_t, const double* const* in,
+                                                                             double* const* o) {
+    thread_local SumRow<1> row;
+    thread_local std::vector<double> finite_w;
+    thread_local std::vector<int64_t> infinite;
+    const double *wr = in[0], *xr = in[1];
+    finite_w.resize(n), infinite.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      finite_w[i] = wr[i] == kInf ? 0.0 : wr[i];
+      if (wr[i] == kInf) infinite.push_back(i);
     }
+    const double* wv[] = {finite_w.data()};
+    row.run(xr, n, wv, o, nonzero);
+    for (int64_t j = 0; j < n && !infinite.empty(); ++j)
+      for (int64_t i : infinite)
+        if (i != j && one_plus(xr[i], xr[j]) != 0) o[0][j] = kInf;
   });
-  return out;
+  return out.empty() ? at::Tensor() : out[0];
 }
 
 at::Tensor logsumexp_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
-  if (!applies({a_in, x_in}) || !finite(x_in) || (a_in.numel() && (a_in == kInf).any().item<bool>())) return {};
-  auto a = as_double(a_in), x = as_double(x_in);
-  const int64_t R = x.size(0), n = x.size(1);
-  auto out = at::empty({R, n}, x.options());
-  const double *pa = a.data_ptr<double>(), *px = x.data_ptr<double>();
-  double* po = out.data_ptr<double>();
-  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
-    SumRow row;
-    std::vector<double> A(n), S(n);
-    for (int64_t r = r0; r < r1; ++r) {
-      const double *ar = pa + r * n, *xr = px + r * n;
-      double* o = po + r * n;
-      const auto sc = scale_of(ar, xr, n);
-      if (sc.top == -kInf) {
-        std::fill(o, o + n, -kInf);
-        continue;
-      }
-      for (int64_t i = 0; i < n; ++i) A[i] = std::exp(ar[i] - sc.top);
-      row.run(xr, n, {A.data()}, {S.data()}, false);
-      for (int64_t j = 0; j < n; ++j)
-        o[j] = suspect(S[j], n, sc.xmax, xr[j]) ? exact_log_sum(ar, nullptr, xr, n, j).first
-                                                : sc.top + std::log(S[j]);
+  const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
+  auto out = over_rows({a_in, x_in}, {Holds::LogValues, Holds::Finite}, 1, [n](int64_t, const double* const* in,
+                                                                               double* const* o) {
+    thread_local SumRow<1> row;
+    thread_local std::vector<double> A, S;
+    const double *ar = in[0], *xr = in[1];
+    A.resize(n), S.resize(n);
+    const auto sc = scale_of(ar, xr, n);
+    if (sc.top == -kInf) {
+      std::fill(o[0], o[0] + n, -kInf);
+      return;
     }
+    for (int64_t i = 0; i < n; ++i) A[i] = std::exp(ar[i] - sc.top);
+    const double* wv[] = {A.data()};
+    double* ov[] = {S.data()};
+    row.run(xr, n, wv, ov, false);
+    for (int64_t j = 0; j < n; ++j)
+      o[0][j] = suspect(S[j], n, sc.xmax, xr[j]) ? exact_log_sum(ar, nullptr, xr, n, j).first
+                                                 : sc.top + std::log(S[j]);
   });
-  return out;
+  return out.empty() ? at::Tensor() : out[0];
 }
 
 std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at::Tensor& h_in,
                                                 const at::Tensor& x_in) {
-  if (!applies({l_in, h_in, x_in}) || !finite(x_in) || !finite(h_in) ||
-      (l_in.numel() && (l_in == kInf).any().item<bool>()))
-    return {};
-  auto l = as_double(l_in), h = as_double(h_in), x = as_double(x_in);
+  const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
   const bool single = x_in.scalar_type() == at::kFloat;  // φ pass in the graph's precision
   const auto phi_float = pick_phi_row<float>();
   const auto phi_double = pick_phi_row<double>();
-  const int64_t R = x.size(0), n = x.size(1);
-  auto out_l = at::empty({R, n}, x.options()), out_h = at::empty({R, n}, x.options());
-  const double *pl = l.data_ptr<double>(), *ph = h.data_ptr<double>(), *px = x.data_ptr<double>();
-  double *pol = out_l.data_ptr<double>(), *poh = out_h.data_ptr<double>();
-  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
-    SumRow row;
-    std::vector<double> A(n), Ah(n), Z(n), Q(n), F(n);
-    std::vector<float> xf(single ? n : 0), Af(single ? n : 0), Ff(single ? n : 0);
-    for (int64_t r = r0; r < r1; ++r) {
-      const double *lr = pl + r * n, *hr = ph + r * n, *xr = px + r * n;
-      double *ol = pol + r * n, *oh = poh + r * n;
-      const auto sc = scale_of(lr, xr, n);
-      if (sc.top == -kInf) {
-        std::fill(ol, ol + n, -kInf);
-        std::fill(oh, oh + n, 0.0);
-        continue;
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        A[i] = std::exp(lr[i] - sc.top);
-        Ah[i] = A[i] == 0 ? 0.0 : A[i] * hr[i];
-      }
-      row.run(xr, n, {A.data(), Ah.data()}, {Z.data(), Q.data()}, false);
-      if (single) {
-        for (int64_t i = 0; i < n; ++i) xf[i] = float(xr[i]), Af[i] = float(A[i]);
-        phi_float(xf.data(), Af.data(), Ff.data(), n);
-        for (int64_t i = 0; i < n; ++i) F[i] = Ff[i];
+  auto out = over_rows({l_in, h_in, x_in}, {Holds::LogValues, Holds::Finite, Holds::Finite}, 2,
+                       [&, n](int64_t, const double* const* in, double* const* o) {
+    thread_local SumRow<2> row;
+    thread_local std::vector<double> A, Ah, Z, Q, F;
+    thread_local std::vector<float> xf, Af, Ff;
+    const double *lr = in[0], *hr = in[1], *xr = in[2];
+    double *ol = o[0], *oh = o[1];
+    A.resize(n), Ah.resize(n), Z.resize(n), Q.resize(n), F.resize(n);
+    const auto sc = scale_of(lr, xr, n);
+    if (sc.top == -kInf) {
+      std::fill(ol, ol + n, -kInf);
+      std::fill(oh, oh + n, 0.0);
+      return;
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      A[i] = std::exp(lr[i] - sc.top);
+      Ah[i] = A[i] == 0 ? 0.0 : A[i] * hr[i];
+    }
+    const double* wv[] = {A.data(), Ah.data()};
+    double* ov[] = {Z.data(), Q.data()};
+    row.run(xr, n, wv, ov, false);
+    if (single) {
+      xf.resize(n), Af.resize(n), Ff.resize(n);
+      for (int64_t i = 0; i < n; ++i) xf[i] = float(xr[i]), Af[i] = float(A[i]);
+      phi_float(xf.data(), Af.data(), Ff.data(), n);
+      for (int64_t i = 0; i < n; ++i) F[i] = Ff[i];
+    } else {
+      phi_double(xr, A.data(), F.data(), n);
+    }
+    // R = Σ A|y|(h − log|y|) = Q − F;  ℓ = top + log Z,  h = R/Z.
+    for (int64_t j = 0; j < n; ++j) {
+      if (suspect(Z[j], n, sc.xmax, xr[j])) {
+        auto e = exact_log_sum(lr, hr, xr, n, j);
+        ol[j] = e.first, oh[j] = e.second;
       } else {
-        phi_double(xr, A.data(), F.data(), n);
-      }
-      // R = Σ A|y|(h − log|y|) = Q − F;  ℓ = top + log Z,  h = R/Z.
-      for (int64_t j = 0; j < n; ++j) {
-        if (suspect(Z[j], n, sc.xmax, xr[j])) {
-          auto e = exact_log_sum(lr, hr, xr, n, j);
-          ol[j] = e.first, oh[j] = e.second;
-        } else {
-          ol[j] = sc.top + std::log(Z[j]);
-          oh[j] = (Q[j] - F[j]) / Z[j];
-        }
+        ol[j] = sc.top + std::log(Z[j]);
+        oh[j] = (Q[j] - F[j]) / Z[j];
       }
     }
   });
-  return {out_l, out_h};
+  if (out.empty()) return {};
+  return {out[0], out[1]};
 }
 
 at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_space, at::Tensor* argmax) {
-  if (!applies({w_in, x_in}) || !finite(x_in)) return {};
-  if (log_space ? (w_in.numel() && (w_in == kInf).any().item<bool>()) : !finite(w_in)) return {};
-  auto w = as_double(w_in), x = as_double(x_in);
-  const int64_t R = x.size(0), n = x.size(1);
-  auto out = at::empty({R, n}, x.options());
-  auto winners = at::empty({R, n}, x.options().dtype(at::kInt));
-  const double *pw = w.data_ptr<double>(), *px = x.data_ptr<double>();
-  double* po = out.data_ptr<double>();
-  int32_t* pwin = winners.data_ptr<int32_t>();
-  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
-    EnvelopeRow env;
-    RadixSorter sorter;
-    std::vector<int32_t> by_query(n);
-    std::vector<TopCandidates::Candidate> candidates;
-    std::vector<double> alpha(2 * n), best(n);
-    for (int64_t r = r0; r < r1; ++r) {
-      const double *wr = pw + r * n, *xr = px + r * n;
-      double* o = po + r * n;
-      int32_t* who = pwin + r * n;
-      RowScale sc{0.0, 0.0};
-      if (log_space) {
-        sc = scale_of(wr, xr, n);
-        if (sc.top == -kInf) {
-          std::fill(o, o + n, -kInf);
-          std::fill(who, who + n, -1);
-          continue;
-        }
+  const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
+  auto winners = argmax ? at::empty(x_in.sizes(), x_in.options().dtype(at::kInt)) : at::Tensor();
+  int32_t* pwin = argmax ? winners.data_ptr<int32_t>() : nullptr;
+  auto out = over_rows({w_in, x_in}, {log_space ? Holds::LogValues : Holds::Finite, Holds::Finite}, 1,
+                       [&, n](int64_t r, const double* const* in, double* const* o) {
+    thread_local EnvelopeRow env;
+    thread_local RadixSorter sorter;
+    thread_local std::vector<int32_t> by_query, who_buffer;
+    thread_local std::vector<double> alpha, best;
+    const double *wr = in[0], *xr = in[1];
+    by_query.resize(n), who_buffer.resize(n), alpha.resize(2 * n), best.resize(n);
+    int32_t* who = pwin ? pwin + r * n : who_buffer.data();
+    RowScale sc{0.0, 0.0};
+    if (log_space) {
+      sc = scale_of(wr, xr, n);
+      if (sc.top == -kInf) {
+        std::fill(o[0], o[0] + n, -kInf);
+        std::fill(who, who + n, -1);
+        return;
       }
-      candidates.clear();
-      for (int64_t i = 0; i < n; ++i) {
-        const double v = log_space ? std::exp(wr[i] - sc.top) : wr[i];
-        if (v > 0) candidates.push_back({v, xr[i], int32_t(i), int32_t(i)});  // weight 0: no path through i
-      }
-      sorter.sort(xr, n, by_query.data());
-      const double nan = std::numeric_limits<double>::quiet_NaN();
-      std::fill(alpha.begin(), alpha.end(), nan);
-      for (const auto& c : candidates) alpha[2 * c.owner] = c.alpha, alpha[2 * c.owner + 1] = -c.alpha;
-      env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, best.data(), who);
-      for (int64_t j = 0; j < n; ++j) {
-        if (!log_space) {
-          if (!(best[j] > 0)) best[j] = 0.0, who[j] = -1;  // no edge: the zero of max_abs
-          o[j] = best[j];
-        } else {
-          o[j] = suspect(best[j], n, sc.xmax, xr[j]) ? exact_log_max(wr, xr, n, j, &who[j])
-                                                     : sc.top + std::log(best[j]);
-        }
+    }
+    const double nan = std::numeric_limits<double>::quiet_NaN();
+    for (int64_t i = 0; i < n; ++i) {
+      const double v = log_space ? std::exp(wr[i] - sc.top) : wr[i];
+      alpha[2 * i] = v > 0 ? v : nan;  // weight 0: no path through i
+      alpha[2 * i + 1] = v > 0 ? -v : nan;
+    }
+    sorter.sort(xr, n, by_query.data());
+    env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, best.data(), who);
+    for (int64_t j = 0; j < n; ++j) {
+      if (!log_space) {
+        if (!(best[j] > 0)) best[j] = 0.0, who[j] = -1;  // no edge: the zero of max_abs
+        o[0][j] = best[j];
+      } else {
+        o[0][j] = suspect(best[j], n, sc.xmax, xr[j]) ? exact_log_max(wr, xr, n, j, &who[j])
+                                                      : sc.top + std::log(best[j]);
       }
     }
   });
+  if (out.empty()) return {};
   if (argmax) *argmax = winners;
-  return out;
+  return out[0];
 }
 
 std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const at::Tensor& m_in,
                                                    const at::Tensor& x_in) {
-  if (!applies({M_in, m_in, x_in}) || !finite(x_in)) return {};
-  auto M = as_double(M_in), m = as_double(m_in), x = as_double(x_in);
   // Values are finite path products or the empty (−∞, +∞); anything else
-  // (an infinite product) is left to the generic arithmetic.
-  auto empty = M.eq(-kInf);
-  if ((empty.logical_not().logical_and(at::isfinite(M).logical_and(at::isfinite(m)).logical_not())).any().item<bool>())
-    return {};
-  const int64_t R = x.size(0), n = x.size(1);
-  auto out_M = at::empty({R, n}, x.options()), out_m = at::empty({R, n}, x.options());
-  const double *pM = M.data_ptr<double>(), *pm = m.data_ptr<double>(), *px = x.data_ptr<double>();
-  double *poM = out_M.data_ptr<double>(), *pom = out_m.data_ptr<double>();
-  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
-    EnvelopeRow env;
-    RadixSorter sorter;
-    std::vector<int32_t> by_query(n);
-    std::vector<double> alpha(2 * n), hi(n), lo(n);
+  // (an infinite product, NaN) is left to the generic arithmetic.
+  const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
+  std::atomic<bool> infinite_product{false};
+  auto out = over_rows({M_in, m_in, x_in}, {Holds::AnyButNaN, Holds::AnyButNaN, Holds::Finite}, 2,
+                       [&, n](int64_t, const double* const* in, double* const* o) {
+    thread_local EnvelopeRow env;
+    thread_local RadixSorter sorter;
+    thread_local std::vector<int32_t> by_query;
+    thread_local std::vector<double> alpha, lo;
+    const double *Mr = in[0], *mr = in[1], *xr = in[2];
+    by_query.resize(n), alpha.resize(2 * n), lo.resize(n);
     const double nan = std::numeric_limits<double>::quiet_NaN();
-    for (int64_t r = r0; r < r1; ++r) {
-      const double *Mr = pM + r * n, *mr = pm + r * n, *xr = px + r * n;
-      for (int64_t i = 0; i < n; ++i) {
-        const bool none = Mr[i] == -kInf;
-        alpha[2 * i] = none ? nan : Mr[i], alpha[2 * i + 1] = none ? nan : mr[i];
-      }
-      sorter.sort(xr, n, by_query.data());
-      env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, hi.data());
-      env.best_of(alpha.data(), xr, n, by_query.data(), -1.0, lo.data());
-      for (int64_t j = 0; j < n; ++j) poM[r * n + j] = hi[j], pom[r * n + j] = -lo[j];  // no line: (−∞, +∞)
+    for (int64_t i = 0; i < n; ++i) {
+      const bool none = Mr[i] == -kInf;
+      if (!none && !(std::isfinite(Mr[i]) && std::isfinite(mr[i]))) infinite_product = true;
+      alpha[2 * i] = none ? nan : Mr[i], alpha[2 * i + 1] = none ? nan : mr[i];
     }
+    sorter.sort(xr, n, by_query.data());
+    env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, o[0]);
+    env.best_of(alpha.data(), xr, n, by_query.data(), -1.0, lo.data());
+    for (int64_t j = 0; j < n; ++j) o[1][j] = -lo[j];  // no line: (−∞, +∞)
   });
-  return {out_M, out_m};
+  if (out.empty() || infinite_product) return {};
+  return {out[0], out[1]};
 }
 
 at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor* argmax) {
-  if (!a_in.defined() || a_in.dim() != 3 || !applies({a_in.select(0, 0), x_in}) || !finite(x_in) ||
-      (a_in.numel() && (a_in.isnan().any().item<bool>() || (a_in == kInf).any().item<bool>())))
-    return {};
-  const int64_t K = a_in.size(0);
-  auto a = as_double(a_in), x = as_double(x_in);
-  const int64_t R = x.size(0), n = x.size(1);
-  auto out = at::empty({K, R, n}, x.options());
-  auto winners = at::empty({K, R, n}, x.options().dtype(at::kInt));
-  const double *pa = a.data_ptr<double>(), *px = x.data_ptr<double>();
-  double* po = out.data_ptr<double>();
+  if (!a_in.defined() || a_in.dim() != 3 || x_in.dim() != 2) return {};
+  const int64_t K = a_in.size(0), R = x_in.size(0), n = x_in.size(1);
+  std::vector<at::Tensor> ins;
+  std::vector<Holds> what;
+  for (int64_t c = 0; c < K; ++c) ins.push_back(a_in.select(0, c)), what.push_back(Holds::LogValues);
+  ins.push_back(x_in), what.push_back(Holds::Finite);
+  auto winners = at::empty({K, R, n}, x_in.options().dtype(at::kInt));
   int32_t* pwin = winners.data_ptr<int32_t>();
-  at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
-    TopCandidates top;
-    RadixSorter sorter;
-    std::vector<int32_t> by_query(n), tags(K * n);
-    std::vector<TopCandidates::Candidate> candidates;
-    std::vector<double> best(K * n);
-    std::vector<std::pair<double, int32_t>> exact(K * n);
-    for (int64_t r = r0; r < r1; ++r) {
-      const double* xr = px + r * n;
-      auto score = [&](int64_t c, int64_t i) { return pa[(c * R + r) * n + i]; };
-      auto put = [&](int64_t c, int64_t j, double v, int32_t tag) {
-        po[(c * R + r) * n + j] = v;
-        pwin[(c * R + r) * n + j] = tag;
-      };
-      double top_score = -kInf, xmax = 0;
-      for (int64_t i = 0; i < n; ++i) top_score = std::max(top_score, score(0, i)), xmax = std::max(xmax, std::abs(xr[i]));
-      if (top_score == -kInf) {
-        for (int64_t c = 0; c < K; ++c)
-          for (int64_t j = 0; j < n; ++j) put(c, j, -kInf, -1);
-        continue;
+  auto out = over_rows(ins, what, int(K), [&](int64_t r, const double* const* in, double* const* o) {
+    thread_local TopCandidates top;
+    thread_local RadixSorter sorter;
+    thread_local std::vector<int32_t> by_query, tags;
+    thread_local std::vector<TopCandidates::Candidate> candidates;
+    thread_local std::vector<double> best;
+    thread_local std::vector<std::pair<double, int32_t>> exact;
+    by_query.resize(n), tags.resize(K * n), best.resize(K * n), exact.resize(K * n);
+    const double* xr = in[K];
+    auto score = [&](int64_t c, int64_t i) { return in[c][i]; };
+    auto put = [&](int64_t c, int64_t j, double v, int32_t tag) {
+      o[c][j] = v;
+      pwin[(c * R + r) * n + j] = tag;
+    };
+    double top_score = -kInf, xmax = 0;
+    for (int64_t i = 0; i < n; ++i) top_score = std::max(top_score, score(0, i)), xmax = std::max(xmax, std::abs(xr[i]));
+    if (top_score == -kInf) {
+      for (int64_t c = 0; c < K; ++c)
+        for (int64_t j = 0; j < n; ++j) put(c, j, -kInf, -1);
+      return;
+    }
+    candidates.clear();
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t c = 0; c < K; ++c) {
+        const double v = std::exp(score(c, i) - top_score);
+        if (!(v > 0)) break;  // scores descend: the rest are no paths (or underflow, see below)
+        candidates.push_back({v, xr[i], int32_t(i), int32_t(i * K + c)});
       }
-      candidates.clear();
-      for (int64_t i = 0; i < n; ++i)
-        for (int64_t c = 0; c < K; ++c) {
-          const double v = std::exp(score(c, i) - top_score);
-          if (!(v > 0)) break;  // scores descend: the rest are no paths (or underflow, see below)
-          candidates.push_back({v, xr[i], int32_t(i), int32_t(i * K + c)});
+    sorter.sort(xr, n, by_query.data());
+    top.run(candidates, /*abs_lines=*/true, K, K, xr, n, by_query.data(), std::numeric_limits<int64_t>::max(),
+            best.data(), tags.data());
+    for (int64_t j = 0; j < n; ++j) {
+      const double t = xr[j];
+      // Underflow guard: the K-th slot may miss candidates whose e^{a − top}
+      // fell below the double range; recompute such a query in log space.
+      if (!(best[(K - 1) * n + j] >= kUnderflowGuard * double(n * K) * (1.0 + xmax * std::abs(t)))) {
+        int64_t m = 0;
+        for (int64_t i = 0; i < n; ++i) {
+          const double y = one_plus(xr[i], t);
+          if (i == j || y == 0) continue;
+          for (int64_t c = 0; c < K && score(c, i) > -kInf; ++c)
+            exact[m++] = {score(c, i) + std::log(std::abs(y)), int32_t(i * K + c)};
         }
-      sorter.sort(xr, n, by_query.data());
-      top.run(candidates, /*abs_lines=*/true, K, K, xr, n, by_query.data(), std::numeric_limits<int64_t>::max(),
-              best.data(), tags.data());
-      for (int64_t j = 0; j < n; ++j) {
-        const double t = xr[j];
-        // Underflow guard: the K-th slot may miss candidates whose e^{a − top}
-        // fell below the double range; recompute such a query in log space.
-        if (!(best[(K - 1) * n + j] >= kUnderflowGuard * double(n * K) * (1.0 + xmax * std::abs(t)))) {
-          int64_t m = 0;
-          for (int64_t i = 0; i < n; ++i) {
-            const double y = one_plus(xr[i], t);
-            if (i == j || y == 0) continue;
-            for (int64_t c = 0; c < K && score(c, i) > -kInf; ++c)
-              exact[m++] = {score(c, i) + std::log(std::abs(y)), int32_t(i * K + c)};
-          }
-          std::partial_sort(exact.begin(), exact.begin() + std::min<int64_t>(m, K), exact.begin() + m,
-                            [](const auto& p, const auto& q) { return p.first > q.first; });
-          for (int64_t c = 0; c < K; ++c) put(c, j, c < m ? exact[c].first : -kInf, c < m ? exact[c].second : -1);
-        } else {
-          for (int64_t c = 0; c < K; ++c) put(c, j, top_score + std::log(best[c * n + j]), tags[c * n + j]);
-        }
+        std::partial_sort(exact.begin(), exact.begin() + std::min<int64_t>(m, K), exact.begin() + m,
+                          [](const auto& p, const auto& q) { return p.first > q.first; });
+        for (int64_t c = 0; c < K; ++c) put(c, j, c < m ? exact[c].first : -kInf, c < m ? exact[c].second : -1);
+      } else {
+        for (int64_t c = 0; c < K; ++c) put(c, j, top_score + std::log(best[c * n + j]), tags[c * n + j]);
       }
     }
   });
+  if (out.empty()) return {};
   if (argmax) *argmax = winners;
-  return out;
+  return at::stack(out);
 }
 
 }  // namespace torch_semiring::kernels

@@ -42,10 +42,12 @@
 // dominate what underflow may have dropped is recomputed exactly in log space
 // (O(N) for that output).
 //
-// Every function takes CPU tensors of shape (R, N) (float32 or float64; x
-// finite) and returns float64 results of that shape; it returns UNDEFINED
-// tensors when it does not apply (non-CPU tensors, other dtypes, NaN inputs,
-// +∞ log values, x not finite) — the caller then takes the generic path.
+// Every function takes CPU tensors of shape (R, N) (float32 or float64, one
+// dtype for all; x finite) and returns results of that shape and dtype (each
+// row is read into float64, checked and computed there, and written back); it
+// returns UNDEFINED tensors when it does not apply (non-CPU tensors, other or
+// mixed dtypes, NaN inputs, +∞ log values, x not finite) — the caller then
+// takes the generic path.
 #pragma once
 
 #include <ATen/ATen.h>
