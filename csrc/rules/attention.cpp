@@ -2,17 +2,47 @@
 // (_scaled_dot_product_flash_attention_for_cpu): one node, so one edge per
 // (output element, input element) weighted by the TRUE derivative of the
 // fused op — the paths inside it (scores, softmax, the value product) are
-// summed in the reals, as its own backward does, not enumerated.
-// With P = softmax(q kᵀ·scale + mask) (recomputed), out = P v:
-//   ∂out[t,d]/∂v[s,d]    = P[t,s]
-//   ∂out[t,d]/∂k[s,e]    = scale · q[t,e] · P[t,s] · (v[s,d] − out[t,d])
-//   ∂out[t,d]/∂q[t,e]    = scale · (Σ_s P[t,s] v[s,d] k[s,e] − out[t,d] · (P k)[t,e])
-//   ∂out[t,d]/∂mask[t,s] = P[t,s] · (v[s,d] − out[t,d])
-// The k and mask weights factor through lift(a·b) = lift(a) ⊗ lift(b); the q
-// weights form a D×E block per query row, contracted with the semiring matmul.
+// summed in the reals, as its own backward does, not enumerated. The node has
+// three next edges (query, key, value); its mask is not differentiable.
+//
+// Per batch·head, with P = exp(q kᵀ·scale + mask − logsumexp) (the saved
+// logsumexp, as the stock backward recomputes it: a fully masked row has
+// P = 0 and out = 0, so no edges), out = P v, and the softmax-weighted value
+// differences (exactly the stock backward's dS for a one-hot grad at (t, d))
+//     W[t,d,s] = P[t,s] · Δ[t,d,s],   Δ[t,d,s] = v[s,d] − out[t,d]:
+//   ∂out[t,d]/∂v[s,d] = P[t,s]
+//   ∂out[t,d]/∂k[s,e] = scale · q[t,e] · W[t,d,s]
+//   ∂out[t,d]/∂q[t,e] = scale · J_t[d,e],   J_t = W_t K  (W_t: D×S, K: S×E)
+// so, with g the values arriving at out,
+//   v:  ⊕_t g[t,d] ⊗ lift(P[t,s])                      one semiring matmul
+//   k:  ⊕_t X[t,s] ⊗ lift(scale·q[t,e]),  X = Y ⊗ lift(P),
+//       Y[t,s] = ⊕_d g[t,d] ⊗ lift(Δ[t,d,s])           row products (below)
+//   q:  ⊕_d g[t,d] ⊗ lift(scale·J_t[d,e])              row products
+// J is formed as W (T·D × S) times K, one ordinary GEMM per block of query
+// rows — not as Σ_s P v k − out·(P k): that factorisation turns exact zeros of
+// the stock derivative (tied values: v[s,d] = out[t,d]) into rounding noise,
+// i.e. edges that do not exist. Grouped-query heads: every key/value head
+// serves `group` query heads; their query rows are stacked along the
+// contraction of the k and v products, so those ⊕ over the group for free.
+//
+// "Row products" out[r,n] = ⊕_k g[r,k] ⊗ lift(w[r,k,n]) (a vector–matrix
+// product per query row, no factorisation for a general semiring) run in
+// kernels/attention_blocks.cpp where the semiring has a dedicated loop, else
+// through the semiring's matmul with M = 1.
+//
+// Cost per batch·head (T queries, S keys, D = E head dim): the GEMM for J
+// T·D·S·E multiply-adds (the dominant term; the stock backward does ~4·T·S·D);
+// Δ, W: T·D·S elements; Y: T·D·S and Q: T·D·E semiring terms; the k and v
+// products T·S·E and T·S·D semiring terms; causal attention only visits
+// keys s ≤ t (blocks of query rows cut at the block's last key), about half.
+// Δ, W and J live one block of query rows at a time (~2^16 elements).
+#include <ATen/OpMathType.h>
 #include <torch/csrc/autograd/generated/Functions.h>
 
+#include "kernels/attention_blocks.h"
 #include "rule.h"
+
+#include <cstdlib>
 
 namespace torch_semiring {
 
@@ -21,30 +51,26 @@ using namespace torch::autograd::generated;
 
 namespace {
 
-// X[t,s] = ⊕_d g[t,d] ⊗ lift(v[s,d] − out[t,d]), a block of query rows at a time.
-Tensor through_value_difference(const Semiring& sr, const Tensor& g, const Tensor& v, const Tensor& out) {
-  const int64_t T = out.size(-2), S = v.size(-2), D = v.size(-1);
-  const int64_t batch = out.numel() / std::max<int64_t>(T * D, 1);
-  const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(batch * S * D * g.size(0), 1));
-  std::vector<Tensor> parts;
-  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    const int64_t n = std::min(chunk, T - t0);
-    auto diff = v.unsqueeze(-3) - out.narrow(-2, t0, n).unsqueeze(-2);      // (…, n, S, D)
-    auto prod = sr.otimes_edge(g.narrow(-2, t0, n).unsqueeze(-2), diff);     // (C, …, n, S, D)
-    parts.push_back(sr.oplus_reduce(prod, {prod.dim() - 2}, false));          // (C, …, n, S)
+// out[r, n] = ⊕_k g[r, k] ⊗ lift(w[r, k, n]) for g (C, R, K), w (R, K, N).
+Tensor row_products(const Semiring& sr, const Tensor& g, const Tensor& w) {
+  auto parts = product_parts(sr);
+  if (!parts.empty()) {  // a product semiring: each part takes its own fastest route
+    auto values = split_product_value(sr, g);
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < parts.size(); ++i) out.push_back(row_products(*parts[i], values[i], w));
+    return at::cat(out, 0);
   }
-  return at::cat(parts, -2);
+  auto fast = kernels::attention_row_products(sr, g, w);
+  if (fast.defined()) return fast;
+  return sr.matmul(g.unsqueeze(-2), w).squeeze(-2);
 }
 
-// (C, …, H, S, E) with H = heads·group → (C, …, heads, S, E), ⊕ over the group.
-Tensor fold_groups(const Semiring& sr, const Tensor& value, int64_t group) {
-  if (group == 1) return value;
-  auto shape = value.sizes().vec();
-  const int64_t heads = shape[shape.size() - 3] / group;
-  shape[shape.size() - 3] = group;
-  shape.insert(shape.end() - 3, heads);
-  auto grouped = value.reshape(shape);
-  return sr.oplus_reduce(grouped, {grouped.dim() - 4}, false);
+// Elements of Δ per block of query rows: small enough for the level-2 cache.
+// TORCH_SEMIRING_ATTENTION_BLOCK overrides it (tests use tiny blocks to cover
+// the blocked and causal-cut paths with problems small enough for the reference).
+int64_t block_elements() {
+  if (const char* forced = std::getenv("TORCH_SEMIRING_ATTENTION_BLOCK")) return std::max<int64_t>(1, std::atoll(forced));
+  return int64_t(1) << 16;
 }
 
 std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
@@ -54,45 +80,87 @@ std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tens
               "attn_implementation='eager'.");
   TORCH_CHECK(grads.size() < 2 || !grads[1].defined(), "torch_semiring: values arriving at the logsumexp output of ",
               ctx.node.name(), " are not supported");
-  const auto& sr = ctx.semiring;
-  const Tensor& g = grads[0];
-  auto q = ctx.unpack(n.query_), k = ctx.unpack(n.key_), v = ctx.unpack(n.value_);
-  auto out = ctx.unpack(n.output_);
-  auto mask = ctx.unpack(n.attn_mask_);
-  // Grouped-query attention: every key/value head serves `group` query heads.
-  // Work with the heads repeated; the values of a key/value element are then
-  // ⊕-folded over its group (its edges to all those heads' outputs).
-  TORCH_CHECK(q.dim() >= 3 && q.size(-3) % k.size(-3) == 0, "torch_semiring: ", ctx.node.name(), ": ",
-              q.size(-3), " query heads cannot be grouped over ", k.size(-3), " key/value heads");
-  const int64_t group = q.size(-3) / k.size(-3);
-  if (group > 1) {
-    k = k.repeat_interleave(group, -3);
-    v = v.repeat_interleave(group, -3);
-  }
-  const double scale = n.scale.value_or(1.0 / std::sqrt(double(q.size(-1))));
-  auto scores = at::matmul(q, k.transpose(-1, -2)) * scale;
-  if (n.is_causal) {
-    auto causal = at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).tril();
-    scores = scores.masked_fill(causal.logical_not(), -std::numeric_limits<double>::infinity());
-  }
-  if (mask.defined()) scores = mask.scalar_type() == at::kBool
-                                   ? scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity())
-                                   : scores + mask;
-  auto P = at::softmax(scores, -1);
-  const auto scale_t = at::scalar_tensor(scale, q.options());
   std::vector<Tensor> result(std::max<size_t>(ctx.needed.size(), 3));
-  if (ctx.needs(2)) result[2] = fold_groups(sr, sr.matmul(g.transpose(-1, -2), P).transpose(-1, -2), group);
-  Tensor X;
-  if (ctx.needs(1) || ctx.needs(3)) X = through_value_difference(sr, g, v, out);
-  if (ctx.needs(1)) {
-    auto Y = sr.otimes_edge(sr.otimes_edge(X, P), scale_t);
-    result[1] = fold_groups(sr, sr.matmul(Y.transpose(-1, -2), q), group);
+  const auto& sr = ctx.semiring;
+  const Tensor& g_in = grads[0];
+  if (!g_in.defined()) return result;  // nothing arrives: every input gets the zero
+  auto q = ctx.unpack(n.query_), k = ctx.unpack(n.key_), v = ctx.unpack(n.value_);
+  auto out = ctx.unpack(n.output_), lse = ctx.unpack(n.logsumexp_);
+  auto mask = ctx.unpack(n.attn_mask_);
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "torch_semiring: ", ctx.node.name(),
+              " expects (batch, heads, tokens, head dim) tensors, got query ", q.sizes(), ", key ", k.sizes(),
+              ", value ", v.sizes());
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), E = q.size(3);
+  const int64_t Hkv = k.size(1), S = k.size(2), D = v.size(3);
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "torch_semiring: ", ctx.node.name(), ": ", H,
+              " query heads cannot be grouped over ", Hkv, " key/value heads");
+  const int64_t group = H / Hkv;
+  const double scale = n.scale.value_or(1.0 / std::sqrt(double(E)));
+
+  // Weights in the values' dtype (the semiring arithmetic runs in it), computed
+  // in at least float32 (the stock kernel's accumulation type for bf16/fp16).
+  const auto vtype = g_in.scalar_type();
+  const auto wtype = at::promote_types(at::toOpMathType(q.scalar_type()), vtype);
+  auto as_weight = [&](const Tensor& t) { return t.to(wtype); };
+  // Query rows of a key/value head's group side by side: (B, Hkv, group·T, ·).
+  auto rows = [&](const Tensor& t) { return t.reshape({B, Hkv, group * T, t.size(-1)}); };
+  auto qr = rows(as_weight(q)), outr = rows(as_weight(out));
+  auto kw = as_weight(k), vw = as_weight(v);
+  auto g = g_in.reshape({g_in.size(0), B, Hkv, group * T, D});
+
+  // P (B, Hkv, group·T, S), as the stock backward recomputes it.
+  auto scores = at::matmul(qr, kw.transpose(-1, -2)).mul_(scale);
+  const double ninf = -std::numeric_limits<double>::infinity();
+  if (mask.defined()) {
+    auto m = mask.expand({B, H, T, S}).reshape({B, Hkv, group * T, S});
+    scores = m.scalar_type() == at::kBool ? scores.masked_fill_(m.logical_not(), ninf) : scores.add_(m.to(wtype));
   }
-  if (ctx.needs(3)) result[3] = sr.otimes_edge(X, P);
-  if (ctx.needs(0)) {
-    auto mixed = at::einsum("...ts,...sd,...se->...tde", {P, v, k});
-    auto J = (mixed - out.unsqueeze(-1) * at::matmul(P, k).unsqueeze(-2)) * scale;  // (…, T, D, E)
-    result[0] = sr.matmul(g.unsqueeze(-2), J).squeeze(-2);
+  if (n.is_causal) {
+    auto future = at::ones({T, S}, q.options().dtype(at::kBool)).triu(1).repeat({group, 1});
+    scores.masked_fill_(future, ninf);
+  }
+  auto P = scores.sub_(rows(as_weight(lse).unsqueeze(-1))).exp_().to(vtype);
+
+  if (ctx.needs(2))  // v: ⊕ over the group's query rows of g ⊗ lift(P)
+    result[2] = sr.matmul(g.transpose(-1, -2), P).transpose(-1, -2);
+  if (!ctx.needs(0) && !ctx.needs(1)) return result;
+
+  // Y and Q block by block: (C, B, Hkv, group, T, ·).
+  const int64_t C = g.size(0);
+  auto g5 = g.reshape({C, B, Hkv, group, T, D});
+  auto P5 = P.reshape({B, Hkv, group, T, S});
+  auto out5 = outr.reshape({B, Hkv, group, T, D});
+  auto vT = vw.transpose(-1, -2).contiguous();   // (B, Hkv, D, S)
+  auto k_scaled = (kw * scale).to(vtype);         // (B, Hkv, S, E)
+  Tensor Y, Q;
+  if (ctx.needs(1)) Y = sr.zero({B, Hkv, group, T, S}, g.options());  // keys after a causal block stay zero
+  if (ctx.needs(0)) Q = at::empty({C, B, Hkv, group, T, E}, g.options());
+  const int64_t per_row = std::max<int64_t>(group * D * S, 1);
+  const int64_t block = std::max<int64_t>(1, block_elements() / per_row);
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < Hkv; ++j)
+      for (int64_t t0 = 0; t0 < T; t0 += block) {
+        const int64_t tc = std::min(block, T - t0);
+        const int64_t keys = n.is_causal ? std::min(S, t0 + tc) : S;  // P = 0 beyond
+        const int64_t R = group * tc;
+        auto outc = out5[b][j].narrow(1, t0, tc);                              // (group, tc, D)
+        auto delta = (vT[b][j].narrow(1, 0, keys) - outc.unsqueeze(-1)).to(vtype)
+                         .reshape({R, D, keys}).contiguous();                 // Δ
+        auto gc = g5.select(1, b).select(1, j).narrow(2, t0, tc).reshape({C, R, D});
+        if (ctx.needs(1))
+          Y.select(1, b).select(1, j).narrow(2, t0, tc).narrow(3, 0, keys)
+              .copy_(row_products(sr, gc, delta).reshape({C, group, tc, keys}));
+        if (ctx.needs(0)) {
+          auto Pc = P5[b][j].narrow(1, t0, tc).narrow(2, 0, keys).reshape({R, 1, keys});
+          auto J = at::matmul((delta * Pc).reshape({R * D, keys}), k_scaled[b][j].narrow(0, 0, keys));
+          Q.select(1, b).select(1, j).narrow(2, t0, tc)
+              .copy_(row_products(sr, gc, J.reshape({R, D, E})).reshape({C, group, tc, E}));
+        }
+      }
+  if (ctx.needs(0)) result[0] = Q.view({C, B, H, T, E});
+  if (ctx.needs(1)) {
+    auto X = sr.otimes_edge(Y.view({C, B, Hkv, group * T, S}), P);
+    result[1] = sr.matmul(X.transpose(-1, -2), (qr * scale).to(vtype));
   }
   return result;
 }
