@@ -125,6 +125,26 @@ def test_underflowing_exp_shift_is_recomputed_exactly(semiring, ties):
 
 
 @pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+def test_only_underflowing_values_reach_the_keys(semiring):
+    # One query per head: its strong output value (d = 0, weight 1) meets only zero
+    # value differences (v[:, 0] = 0), so every key receives just the 1e-322-weighted
+    # ones, which the exp-shift flushes: all of Y (and Q) is recomputed exactly.
+    gen = torch.Generator().manual_seed(23)
+    q, k, v = (torch.randn(1, 2, n, 3, generator=gen, dtype=D) for n in (1, 4, 4))
+    v[..., 0] = 0.0
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v)
+    weights = torch.full(out.shape, 1e-322, dtype=D)
+    weights[..., 0] = 1.0
+    weights[0, 1, 0, 2] = 2e-322
+    outputs, inputs = [(out * weights).reshape(-1)], [q, k, v]
+    expected = None
+    if semiring == "entropy":  # as above: the same path distributions, in the reference's range
+        expected = reference_values([(out * (weights * 1e150)).reshape(-1)], inputs, "entropy")
+    check(semiring, outputs, inputs, expected)
+
+
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
 @pytest.mark.parametrize("mask", ["bool_row_masked", "float_row_masked"])
 def test_fully_masked_rows_have_no_edges(semiring, mask):
     outputs, inputs = attention_case(1, 2, 1, 3, 4, 2, mask=mask, seed=3)
@@ -186,8 +206,13 @@ def test_generic_route_matches_reference(mask):
         assert_values_equal(a, e, "viterbi", f"python semiring/{mask}")
 
 
-def test_product_semiring_equals_separate_runs():
-    outputs, inputs = attention_case(1, 2, 2, 4, 4, 3, mask="causal", seed=17)
+@pytest.mark.parametrize("case", ["causal", "underflowing"])
+def test_product_semiring_equals_separate_runs(case):
+    # A product semiring takes the rule's ATen route: row products per part.
+    if case == "causal":
+        outputs, inputs = attention_case(1, 2, 2, 4, 4, 3, mask="causal", seed=17)
+    else:
+        outputs, inputs = attention_case(1, 1, 2, 4, 5, 3, seed=11, tiny_weights=True, zero_value_column=True)
     names = ("viterbi", "entropy", "max_prod", "kmax", "log", "count")
     together = ts.grad(outputs, inputs, semiring=names, k=2, retain_graph=True)
     for name, got in zip(names, together):

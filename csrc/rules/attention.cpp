@@ -65,12 +65,63 @@ Tensor row_products(const Semiring& sr, const Tensor& g, const Tensor& w) {
   return sr.matmul(g.unsqueeze(-2), w).squeeze(-2);
 }
 
-// Elements of Δ per block of query rows: small enough for the level-2 cache.
+// Elements of W per block of query rows: small enough for the level-2 cache.
 // TORCH_SEMIRING_ATTENTION_BLOCK overrides it (tests use tiny blocks to cover
 // the blocked and causal-cut paths with problems small enough for the reference).
 int64_t block_elements() {
   if (const char* forced = std::getenv("TORCH_SEMIRING_ATTENTION_BLOCK")) return std::max<int64_t>(1, std::atoll(forced));
   return int64_t(1) << 16;
+}
+
+// The operands of Y and Q, per key/value head b, j with its R = group·T query
+// rows (row i·T + t: query t of the group's i-th head), in the values' dtype.
+struct ValueBlockOperands {
+  Tensor g;    // (C, B, Hkv, R, D) values at out
+  Tensor v;    // (B, Hkv, S, D)
+  Tensor out;  // (B, Hkv, R, D)
+  Tensor P;    // (B, Hkv, R, S)
+  Tensor k;    // (B, Hkv, S, E), the scale folded in
+  int64_t T;
+  bool causal;
+};
+
+// Y (C, B, Hkv, R, S) and Q (C, B, Hkv, R, E) from ATen pieces, block by block
+// of query rows (any device, any semiring): Δ, W = P·Δ, J = W K, and the row
+// products. A causal block stops at its last key; Y beyond holds the zero.
+void value_blocks_by_parts(const Semiring& sr, const ValueBlockOperands& x, bool need_y, bool need_q, Tensor& Y,
+                           Tensor& Q) {
+  const int64_t C = x.g.size(0), B = x.g.size(1), Hkv = x.g.size(2), R = x.g.size(3), D = x.g.size(4);
+  const int64_t S = x.v.size(2), E = x.k.size(3), T = x.T, group = R / T;
+  if (need_y) Y = sr.zero({B, Hkv, group, T, S}, x.g.options());
+  if (need_q) Q = at::empty({C, B, Hkv, group, T, E}, x.g.options());
+  const int64_t block = std::max<int64_t>(1, block_elements() / std::max<int64_t>(group * D * S, 1));
+  auto vT = x.v.transpose(-1, -2).contiguous();  // (B, Hkv, D, S)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < Hkv; ++j) {
+      auto g_head = x.g.select(1, b).select(1, j).reshape({C, group, T, D});
+      auto out_head = x.out[b][j].reshape({group, T, D});
+      auto P_head = x.P[b][j].reshape({group, T, S});
+      auto vT_head = vT[b][j], k_head = x.k[b][j];
+      auto Y_head = need_y ? Y.select(1, b).select(1, j) : Tensor();
+      auto Q_head = need_q ? Q.select(1, b).select(1, j) : Tensor();
+      for (int64_t t0 = 0; t0 < T; t0 += block) {
+        const int64_t tc = std::min(block, T - t0), rows = group * tc;
+        const int64_t keys = x.causal ? std::min(S, t0 + tc) : S;  // P = 0 beyond
+        auto delta = (vT_head.narrow(1, 0, keys) - out_head.narrow(1, t0, tc).unsqueeze(-1))
+                         .reshape({rows, D, keys}).contiguous();  // Δ
+        auto g_rows = g_head.narrow(2, t0, tc).reshape({C, rows, D});
+        if (need_y)
+          Y_head.narrow(2, t0, tc).narrow(3, 0, keys)
+              .copy_(row_products(sr, g_rows, delta).reshape({C, group, tc, keys}));
+        if (need_q) {
+          auto W = delta * P_head.narrow(1, t0, tc).narrow(2, 0, keys).reshape({rows, 1, keys});
+          auto J = at::matmul(W.reshape({rows * D, keys}), k_head.narrow(0, 0, keys)).reshape({rows, D, E});
+          Q_head.narrow(2, t0, tc).copy_(row_products(sr, g_rows, J).reshape({C, group, tc, E}));
+        }
+      }
+    }
+  if (need_y) Y = Y.reshape({C, B, Hkv, R, S});
+  if (need_q) Q = Q.reshape({C, B, Hkv, R, E});
 }
 
 std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
@@ -94,7 +145,7 @@ std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tens
   const int64_t Hkv = k.size(1), S = k.size(2), D = v.size(3);
   TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "torch_semiring: ", ctx.node.name(), ": ", H,
               " query heads cannot be grouped over ", Hkv, " key/value heads");
-  const int64_t group = H / Hkv;
+  const int64_t group = H / Hkv, R = group * T, C = g_in.size(0);
   const double scale = n.scale.value_or(1.0 / std::sqrt(double(E)));
 
   // Weights in the values' dtype (the semiring arithmetic runs in it), computed
@@ -102,17 +153,16 @@ std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tens
   const auto vtype = g_in.scalar_type();
   const auto wtype = at::promote_types(at::toOpMathType(q.scalar_type()), vtype);
   auto as_weight = [&](const Tensor& t) { return t.to(wtype); };
-  // Query rows of a key/value head's group side by side: (B, Hkv, group·T, ·).
-  auto rows = [&](const Tensor& t) { return t.reshape({B, Hkv, group * T, t.size(-1)}); };
-  auto qr = rows(as_weight(q)), outr = rows(as_weight(out));
-  auto kw = as_weight(k), vw = as_weight(v);
-  auto g = g_in.reshape({g_in.size(0), B, Hkv, group * T, D});
+  // Query rows of a key/value head's group side by side: (B, Hkv, R, ·).
+  auto rows = [&](const Tensor& t) { return t.reshape({B, Hkv, R, t.size(-1)}); };
+  auto qr = rows(as_weight(q));
+  auto g = g_in.reshape({C, B, Hkv, R, D});
 
-  // P (B, Hkv, group·T, S), as the stock backward recomputes it.
-  auto scores = at::matmul(qr, kw.transpose(-1, -2)).mul_(scale);
+  // P (B, Hkv, R, S), as the stock backward recomputes it.
+  auto scores = at::matmul(qr, as_weight(k).transpose(-1, -2)).mul_(scale);
   const double ninf = -std::numeric_limits<double>::infinity();
   if (mask.defined()) {
-    auto m = mask.expand({B, H, T, S}).reshape({B, Hkv, group * T, S});
+    auto m = mask.expand({B, H, T, S}).reshape({B, Hkv, R, S});
     scores = m.scalar_type() == at::kBool ? scores.masked_fill_(m.logical_not(), ninf) : scores.add_(m.to(wtype));
   }
   if (n.is_causal) {
@@ -125,43 +175,14 @@ std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tens
     result[2] = sr.matmul(g.transpose(-1, -2), P).transpose(-1, -2);
   if (!ctx.needs(0) && !ctx.needs(1)) return result;
 
-  // Y and Q block by block: (C, B, Hkv, group, T, ·).
-  const int64_t C = g.size(0);
-  auto g5 = g.reshape({C, B, Hkv, group, T, D});
-  auto P5 = P.reshape({B, Hkv, group, T, S});
-  auto out5 = outr.reshape({B, Hkv, group, T, D});
-  auto vT = vw.transpose(-1, -2).contiguous();   // (B, Hkv, D, S)
-  auto k_scaled = (kw * scale).to(vtype);         // (B, Hkv, S, E)
+  ValueBlockOperands x{g, v.to(vtype), rows(out.to(vtype)), P, (k * scale).to(vtype), T, n.is_causal};
   Tensor Y, Q;
-  if (ctx.needs(1)) Y = sr.zero({B, Hkv, group, T, S}, g.options());  // keys after a causal block stay zero
-  if (ctx.needs(0)) Q = at::empty({C, B, Hkv, group, T, E}, g.options());
-  const int64_t per_row = std::max<int64_t>(group * D * S, 1);
-  const int64_t block = std::max<int64_t>(1, block_elements() / per_row);
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t j = 0; j < Hkv; ++j)
-      for (int64_t t0 = 0; t0 < T; t0 += block) {
-        const int64_t tc = std::min(block, T - t0);
-        const int64_t keys = n.is_causal ? std::min(S, t0 + tc) : S;  // P = 0 beyond
-        const int64_t R = group * tc;
-        auto outc = out5[b][j].narrow(1, t0, tc);                              // (group, tc, D)
-        auto delta = (vT[b][j].narrow(1, 0, keys) - outc.unsqueeze(-1)).to(vtype)
-                         .reshape({R, D, keys}).contiguous();                 // Δ
-        auto gc = g5.select(1, b).select(1, j).narrow(2, t0, tc).reshape({C, R, D});
-        if (ctx.needs(1))
-          Y.select(1, b).select(1, j).narrow(2, t0, tc).narrow(3, 0, keys)
-              .copy_(row_products(sr, gc, delta).reshape({C, group, tc, keys}));
-        if (ctx.needs(0)) {
-          auto Pc = P5[b][j].narrow(1, t0, tc).narrow(2, 0, keys).reshape({R, 1, keys});
-          auto J = at::matmul((delta * Pc).reshape({R * D, keys}), k_scaled[b][j].narrow(0, 0, keys));
-          Q.select(1, b).select(1, j).narrow(2, t0, tc)
-              .copy_(row_products(sr, gc, J.reshape({R, D, E})).reshape({C, group, tc, E}));
-        }
-      }
-  if (ctx.needs(0)) result[0] = Q.view({C, B, H, T, E});
-  if (ctx.needs(1)) {
-    auto X = sr.otimes_edge(Y.view({C, B, Hkv, group * T, S}), P);
-    result[1] = sr.matmul(X.transpose(-1, -2), (qr * scale).to(vtype));
-  }
+  if (!kernels::attention_value_blocks(sr, x.g, x.v, x.out, x.P, x.k, T, x.causal, ctx.needs(1), ctx.needs(0),
+                                       block_elements(), Y, Q))
+    value_blocks_by_parts(sr, x, ctx.needs(1), ctx.needs(0), Y, Q);
+  if (ctx.needs(0)) result[0] = Q.reshape({C, B, H, T, E});
+  if (ctx.needs(1))  // k: ⊕ over the group's query rows of (Y ⊗ lift(P)) ⊗ lift(scale·q)
+    result[1] = sr.matmul(sr.otimes_edge(Y, P).transpose(-1, -2), (qr * scale).to(vtype));
   return result;
 }
 
