@@ -148,9 +148,8 @@ struct MathConstants<float> {
   static constexpr int kMantissa = 23;
   static constexpr int32_t kBias = 127, kMantissaMask = 0x7fffff, kOneBits = 0x3f800000;
   static constexpr float kSubnormalScale = 33554432.0f, kSubnormalShift = 25;  // 2^25
-  static constexpr float kLn2Hi = 6.93145751953125e-01f, kLn2Lo = 1.428606765330187e-06f;
-  static constexpr int kLogTerms = 4;  // atanh series: relative error z^5/11 < 2e-9 (z ≤ 0.0295)
   static constexpr float kLog2e = 1.44269504088896341f, kShifter = 12582912.0f;  // 1.5·2^23
+  static constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;        // Cephes' split of log 2
   static constexpr float kLowest = -87.33654475f;  // log(min normal)
   static constexpr int kExpTerms = 7;  // Taylor: r^8/8! < 3e-9 for |r| ≤ log(2)/2
 };
@@ -167,8 +166,9 @@ struct MathConstants<double> {
 };
 
 // Natural log of x > 0 (finite), scalar or vector, to a few ulp: x = 2^e·m
-// with m in [√½, √2), log m = 2·atanh(s), s = (m − 1)/(m + 1), |s| ≤ 0.172,
-// by its series. x = 0 gives a finite value: callers mask it.
+// with m in [√½, √2). float: log(1 + f), f = m − 1, by Cephes' logf
+// polynomial (no division); double: 2·atanh(s), s = (m − 1)/(m + 1),
+// |s| ≤ 0.172, by its series. x = 0 gives a finite value: callers mask it.
 template <class V, class T>
 TS_TILE_FN V log_of(V x) {
   using C = MathConstants<T>;
@@ -183,11 +183,21 @@ TS_TILE_FN V log_of(V x) {
   e = high ? e + 1 : e;
   V ef = to_real<V, T>(e) - (tiny ? splat<V>(C::kSubnormalShift) : splat<V>(T(0)));
   V f = m - T(1);
-  V s = f / (f + T(2));
-  V z = s * s;
-  V series = splat<V>(T(2) / T(2 * C::kLogTerms + 1));
-  for (int i = C::kLogTerms - 1; i >= 1; --i) series = series * z + T(2) / T(2 * i + 1);
-  return ef * C::kLn2Hi + (ef * C::kLn2Lo + (s * T(2) + s * z * series));
+  if constexpr (std::is_same<T, float>::value) {
+    V z = f * f;
+    V p = splat<V>(7.0376836292e-2f);
+    for (float c : {-1.1514610310e-1f, 1.1676998740e-1f, -1.2420140846e-1f, 1.4249322787e-1f, -1.6668057665e-1f,
+                    2.0000714765e-1f, -2.4999993993e-1f, 3.3333331174e-1f})
+      p = p * f + c;
+    V y = f * z * p + ef * -2.12194440e-4f - z * 0.5f;
+    return (f + y) + ef * 0.693359375f;
+  } else {
+    V s = f / (f + T(2));
+    V z = s * s;
+    V series = splat<V>(T(2) / T(2 * C::kLogTerms + 1));
+    for (int i = C::kLogTerms - 1; i >= 1; --i) series = series * z + T(2) / T(2 * i + 1);
+    return ef * C::kLn2Hi + (ef * C::kLn2Lo + (s * T(2) + s * z * series));
+  }
 }
 
 // e^x for x ≤ 0 (scalar or vector), to a few ulp; x below log(min normal),
@@ -308,9 +318,9 @@ struct ValueDifferences {
 };
 
 // acc (kAcc planes of stride ld) := ⊕_k s_k ⊗ w[k, n0 : n0 + NB·L]; with
-// !ACC only the weights' emission runs. `finite` collects w·0: NaN iff a
-// weight was ±∞ or NaN.
-template <class Op, bool ACC, class T, class V, int NB, class Src>
+// !ACC only the weights' emission runs. With CHECK, `finite` collects w·0:
+// NaN iff a weight was ±∞ or NaN (callers that bound their weights skip it).
+template <class Op, bool ACC, bool CHECK, class T, class V, int NB, class Src>
 TS_TILE_FN void lane_block(const T* s, const Src& src, int64_t K, int64_t ld, int64_t n0, T* acc_out, V& finite) {
   constexpr int L = sizeof(V) / sizeof(T);
   V acc[NB][Op::kAcc];
@@ -320,7 +330,7 @@ TS_TILE_FN void lane_block(const T* s, const Src& src, int64_t K, int64_t ld, in
     const T* sk = s + k * Op::kPer;
     for (int b = 0; b < NB; ++b) {
       V x = src.template at<V>(k, n0 + b * L);
-      finite += x * T(0);
+      if constexpr (CHECK) finite += x * T(0);
       if constexpr (ACC) Op::update(acc[b], sk, x);
       src.template emit<V>(k, n0 + b * L, x);
     }
@@ -332,16 +342,16 @@ TS_TILE_FN void lane_block(const T* s, const Src& src, int64_t K, int64_t ld, in
 
 // One row over columns [0, N) into acc planes of stride ld: lane blocks of
 // 4/2/1 vectors, then scalars. Returns false when a weight was not finite.
-template <class Op, bool ACC, class T, class V, class Src>
+template <class Op, bool ACC, bool CHECK, class T, class V, class Src>
 TS_TILE_FN bool row_products(const T* s, const Src& src, int64_t K, int64_t N, T* acc_out, int64_t ld) {
   constexpr int L = sizeof(V) / sizeof(T);
   constexpr int wide = Op::kAcc <= 2 ? 4 : Op::kAcc <= 4 ? 2 : 1;
   V finite = splat<V>(T(0));
   T finite_tail = 0;
   int64_t n = 0;
-  for (; n + wide * L <= N; n += wide * L) lane_block<Op, ACC, T, V, wide>(s, src, K, ld, n, acc_out, finite);
-  for (; n + L <= N; n += L) lane_block<Op, ACC, T, V, 1>(s, src, K, ld, n, acc_out, finite);
-  for (; n < N; ++n) lane_block<Op, ACC, T, T, 1>(s, src, K, ld, n, acc_out, finite_tail);
+  for (; n + wide * L <= N; n += wide * L) lane_block<Op, ACC, CHECK, T, V, wide>(s, src, K, ld, n, acc_out, finite);
+  for (; n + L <= N; n += L) lane_block<Op, ACC, CHECK, T, V, 1>(s, src, K, ld, n, acc_out, finite);
+  for (; n < N; ++n) lane_block<Op, ACC, CHECK, T, T, 1>(s, src, K, ld, n, acc_out, finite_tail);
   T lanes[L];
   store(lanes, finite);
   for (int i = 0; i < L; ++i) finite_tail += lanes[i];
@@ -372,29 +382,97 @@ struct RowScalars {
   bool underflows = false;  // some a_k were flushed to 0
 };
 
+// Lane-wise "any": a comparison mask (vector) or a bool (scalar).
+template <class M>
+TS_TILE_FN bool any_lane(M m) {
+  if constexpr (std::is_same<M, bool>::value) {
+    return m;
+  } else {
+    constexpr int n = sizeof(M) / sizeof(m[0]);
+    for (int i = 0; i < n; ++i)
+      if (m[i]) return true;
+    return false;
+  }
+}
+
+// Over x[0, K): the largest value (G) and whether a NaN or +∞ occurs.
+template <class T, class V>
+TS_TILE_FN void scan_scores(const T* x, int64_t K, T& G, bool& bad) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  const T inf = std::numeric_limits<T>::infinity();
+  int64_t k = 0;
+  if constexpr (L > 1) {
+    V top = splat<V>(-inf);
+    decltype(top != top) odd{};
+    for (; k + L <= K; k += L) {
+      V v = load<V>(x + k);
+      odd = odd | (v != v) | (v == inf);
+      top = max_keep(top, v);
+    }
+    bad = bad || any_lane(odd);
+    T lanes[L];
+    store(lanes, top);
+    for (int i = 0; i < L; ++i) G = std::max(G, lanes[i]);
+  }
+  for (; k < K; ++k) {
+    bad = bad || std::isnan(x[k]) || x[k] == inf;
+    G = std::max(G, x[k]);
+  }
+}
+
+// a[k] = e^{x[k] − G} (0 where flushed); `underflows`: a finite x was flushed.
+template <class T, class V>
+TS_TILE_FN void shifted_exps(const T* x, int64_t K, T G, T* a, bool& underflows) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  const T ninf = -std::numeric_limits<T>::infinity();
+  int64_t k = 0;
+  if constexpr (L > 1) {
+    V lost = splat<V>(T(0));
+    for (; k + L <= K; k += L) {
+      V v = load<V>(x + k);
+      V e = exp_of<V, T>(v - G);
+      lost = (e == 0) & (v != ninf) ? splat<V>(T(1)) : lost;
+      store(a + k, e);
+    }
+    underflows = underflows || any_lane(lost != 0);
+  }
+  for (; k < K; ++k) {
+    a[k] = exp_of<T, T>(x[k] - G);
+    underflows = underflows || (a[k] == 0 && x[k] != ninf);
+  }
+}
+
 // Reads row r's value g (C components at stride gc, K entries at stride gk)
-// into the row's scalars. false: a value outside what the loops handle.
+// into the row's scalars; scratch holds (kPer + 1)·K values. false: a value
+// outside what the loops handle.
 template <class Op, class T, class V>
 TS_TILE_FN bool prepare_row(Family family, int64_t kmax, const T* g, int64_t gc, int64_t gk, int64_t K,
-                            RowScalars<T>& row) {
-  constexpr int L = sizeof(V) / sizeof(T);
+                            RowScalars<T>& row, T* scratch) {
   constexpr int P = Op::kPer;
   const T inf = std::numeric_limits<T>::infinity();
   T* s = row.s;
   row.G = 0;
   row.empty = row.underflows = false;
+  // Component j of the row, K contiguous values (gathered when strided).
+  auto component = [&](int64_t j) -> const T* {
+    if (gk == 1) return g + j * gc;
+    T* dst = scratch + P * K;
+    for (int64_t k = 0; k < K; ++k) dst[k] = g[j * gc + k * gk];
+    return dst;
+  };
   switch (family) {
     case Family::Real:
     case Family::Abs:
     case Family::Count:
-      for (int64_t k = 0; k < K; ++k) s[k] = g[k * gk];
+      std::memcpy(s, component(0), K * sizeof(T));
       return true;
-    case Family::MaxAbs:
-      for (int64_t k = 0; k < K; ++k) {
-        s[k] = g[k * gk];
-        if (!(s[k] >= 0 && s[k] < inf)) return false;
-      }
+    case Family::MaxAbs: {
+      const T* x = component(0);
+      for (int64_t k = 0; k < K; ++k)
+        if (!(x[k] >= 0 && x[k] < inf)) return false;
+      std::memcpy(s, x, K * sizeof(T));
       return true;
+    }
     case Family::MaxProd:
       for (int64_t k = 0; k < K; ++k) {
         const T M = g[k * gk], m = g[gc + k * gk];
@@ -410,52 +488,37 @@ TS_TILE_FN bool prepare_row(Family family, int64_t kmax, const T* g, int64_t gc,
     default:
       break;
   }
-  // Exp-shifted: the scores of entry (k, j) are g[j, k] (kmax: j < kmax; else
-  // component 0 only); first gather them, shifted below.
+  // Exp-shifted: entry j of k scores g[j, k] (kmax: j < kmax lists, sorted so
+  // that j = 0 holds the largest; else component 0 only).
   const int64_t entries = family == Family::KMax ? kmax : 1;
   T G = -inf;
-  for (int64_t k = 0; k < K; ++k)
-    for (int64_t j = 0; j < P; ++j) {
-      T score = -inf;
-      if (j < entries) {
-        score = g[j * gc + k * gk];
-        if (std::isnan(score) || score == inf) return false;
-        G = std::max(G, score);
-      }
-      if (family != Family::Entropy || j == 0) s[k * P + j] = score;
-    }
+  bool bad = false;
+  scan_scores<T, V>(component(0), K, G, bad);
   row.empty = G == -inf;
   if (row.empty) G = 0;
   row.G = G;
-  bool underflows = false;
-  int64_t i = 0;
-  const int64_t count = K * P;
-  if (family == Family::Entropy) {  // s = (ℓ_k, ·) at stride 2: a_k, then a_k·h_k
-    for (int64_t k = 0; k < K; ++k) {
-      const T l = s[2 * k];
-      T h = l == -inf ? T(0) : g[gc + k * gk];
-      if (!std::isfinite(h)) return false;
-      const T a = exp_of<T, T>(l - G);
-      underflows = underflows || (a == 0 && l != -inf);
-      s[2 * k] = a;
-      s[2 * k + 1] = a * h;
+  T* a = scratch;  // (entries, K)
+  for (int64_t j = 0; j < entries; ++j) {
+    const T* x = component(j);
+    if (j > 0) {
+      T ignored = -inf;
+      scan_scores<T, V>(x, K, ignored, bad);
     }
-  } else {
-    for (; i + L <= count; i += L) {
-      V x = load<V>(s + i);
-      V a = exp_of<V, T>(x - G);
-      store(s + i, a);
-      T flags[L];
-      store(flags, (a == 0) & (x != -inf) ? splat<V>(T(1)) : splat<V>(T(0)));
-      for (int l = 0; l < L; ++l) underflows = underflows || flags[l] != 0;
-    }
-    for (; i < count; ++i) {
-      const T x = s[i];
-      s[i] = exp_of<T, T>(x - G);
-      underflows = underflows || (s[i] == 0 && x != -inf);
-    }
+    shifted_exps<T, V>(x, K, G, a + j * K, row.underflows);
   }
-  row.underflows = underflows;
+  if (bad) return false;
+  if (family == Family::Entropy) {  // s = (a_k, a_k·h_k); h of an empty value is 0
+    const T* h = component(1);
+    for (int64_t k = 0; k < K; ++k) {
+      const T hk = g[k * gk] == -inf ? T(0) : h[k];
+      if (!std::isfinite(hk)) return false;
+      s[2 * k] = a[k];
+      s[2 * k + 1] = a[k] * hk;
+    }
+    return true;
+  }
+  for (int64_t k = 0; k < K; ++k)
+    for (int64_t j = 0; j < P; ++j) s[k * P + j] = j < entries ? a[j * K + k] : T(0);
   return true;
 }
 
@@ -507,6 +570,52 @@ TS_TILE_FN void finish_row(Family family, int64_t kmax, const RowScalars<T>& row
     }
     if (filled > 0 && acc[(filled - 1) * Ntot + n] < limit) redo.push_back(n);
   }
+}
+
+// out ⊗= lift(p[n]) for a row's results (C planes at stride `plane`): the
+// linear families multiply (|p|, [p ≠ 0], signed pairs), the log-space ones
+// add log|p| (entropy: ℓ + log|p|, h − log|p|); p = 0 gives the zero.
+template <class T, class V>
+TS_TILE_FN void apply_factor(Family family, int64_t kmax, const T* p, int64_t N, T* out, int64_t plane, T* log_p) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  const T inf = std::numeric_limits<T>::infinity();
+  switch (family) {
+    case Family::Real:
+      for (int64_t n = 0; n < N; ++n) out[n] *= p[n];
+      return;
+    case Family::Abs:
+    case Family::MaxAbs:
+      for (int64_t n = 0; n < N; ++n) out[n] *= std::abs(p[n]);
+      return;
+    case Family::Count:
+      for (int64_t n = 0; n < N; ++n) out[n] = p[n] != 0 ? out[n] : T(0);
+      return;
+    case Family::MaxProd:
+      for (int64_t n = 0; n < N; ++n) {
+        const T M = out[n], m = out[plane + n];
+        if (p[n] == 0 || M == -inf) {
+          out[n] = -inf;
+          out[plane + n] = inf;
+        } else {
+          out[n] = std::max(M * p[n], m * p[n]);
+          out[plane + n] = std::min(M * p[n], m * p[n]);
+        }
+      }
+      return;
+    default:
+      break;
+  }
+  int64_t n = 0;
+  for (; n + L <= N; n += L) {
+    V x = magnitude(load<V>(p + n));
+    store(log_p + n, x > 0 ? log_of<V, T>(x) : splat<V>(-inf));
+  }
+  for (; n < N; ++n) log_p[n] = p[n] != 0 ? log_of<T, T>(std::abs(p[n])) : -inf;
+  const int64_t lists = family == Family::KMax ? kmax : 1;
+  for (int64_t c = 0; c < lists; ++c)
+    for (int64_t i = 0; i < N; ++i) out[c * plane + i] += log_p[i];
+  if (family == Family::Entropy)
+    for (int64_t i = 0; i < N; ++i) out[plane + i] = out[i] == -inf ? T(0) : out[plane + i] - log_p[i];
 }
 
 // ---- instruction-set dispatch -------------------------------------------------------
@@ -582,13 +691,13 @@ struct RowProductsJob {
 
   template <class Op, class TT, class V>
   TS_TILE_FN void run() {
-    std::vector<T> s(K * Op::kPer), acc(Op::kAcc * N);
+    std::vector<T> s(K * Op::kPer), acc(Op::kAcc * N), scratch((Op::kPer + 1) * K);
     std::vector<int64_t> cols;
     RowScalars<T> row{s.data()};
     for (int64_t r = 0; r < R && !declined; ++r) {
       StoredWeights<T> src{w + r * K * N, N};
-      if (!prepare_row<Op, T, V>(family, kmax, g + r * gr, gc, gk, K, row) ||
-          !row_products<Op, true, T, V>(s.data(), src, K, N, acc.data(), N)) {
+      if (!prepare_row<Op, T, V>(family, kmax, g + r * gr, gc, gk, K, row, scratch.data()) ||
+          !row_products<Op, true, true, T, V>(s.data(), src, K, N, acc.data(), N)) {
         declined = true;
         return;
       }
@@ -605,24 +714,24 @@ template <class T>
 struct ValueBlocksJob {
   Family family;
   int64_t kmax, C, BH, R, T_, S, D, E;
-  bool causal, need_y, need_q;
+  bool causal, need_x, need_q;
   const T* g;   // contiguous (C, BH, R, D)
   const T* vT;  // contiguous (BH, D, S)
   const T* o;   // contiguous (BH, R, D)
   const T* P;   // contiguous (BH, R, S)
   Tensor k;     // contiguous (BH, S, E)
-  T* Y;         // contiguous (C, BH, R, S)
+  T* X;         // contiguous (C, BH, R, S)
   T* Q;         // contiguous (C, BH, R, E)
   int64_t block_rows;
   const Semiring* sr;
   Tensor g_tensor, Q_tensor;          // for the exact recomputation of Q entries
-  std::vector<int64_t> redo_y;        // (bh·R + r)·S + s
+  std::vector<int64_t> redo_x;        // (bh·R + r)·S + s: Y recomputed there, then ⊗ lift(P)
   bool declined = false;
 
   template <class Op, class TT, class V>
   TS_TILE_FN void run() {
     const int64_t Kp = D * Op::kPer;
-    std::vector<T> scalars(block_rows * Kp), acc(Op::kAcc * std::max(S, E));
+    std::vector<T> scalars(block_rows * Kp), acc(Op::kAcc * std::max(S, E)), scratch((Op::kPer + 1) * D), log_p(S);
     std::vector<RowScalars<T>> rows(block_rows);
     for (int64_t i = 0; i < block_rows; ++i) rows[i].s = scalars.data() + i * Kp;
     auto W = at::empty({block_rows * D * S}, k.options());
@@ -636,41 +745,31 @@ struct ValueBlocksJob {
           const int64_t keys = causal ? std::min(S, t0 + rows_here) : S;
           const int64_t r0 = member * T_ + t0;
           T* Wp = W.data_ptr<T>();
-          // Pass 1: the rows' scalars; Y with Δ on the fly, emitting W.
+          // Pass 1: the rows' scalars; X = Y ⊗ lift(P) with Δ on the fly, emitting W.
           for (int64_t i = 0; i < rows_here; ++i) {
             const int64_t r = r0 + i;
             const T* g_row = g + (bh * R + r) * D;
-            if (!prepare_row<Op, T, V>(family, kmax, g_row, BH * R * D, 1, D, rows[i])) {
+            if (!prepare_row<Op, T, V>(family, kmax, g_row, BH * R * D, 1, D, rows[i], scratch.data())) {
               declined = true;
               return;
             }
             const T* o_row = o + (bh * R + r) * D;
             const T* p_row = P + (bh * R + r) * S;
-            bool finite = true;
-            if (need_y) {
-              T* acc_p = acc.data();
-              if (need_q) {
-                ValueDifferences<T, true> src{vT + bh * D * S, S, o_row, p_row, Wp + i * D * keys, keys};
-                finite = row_products<Op, true, T, V>(rows[i].s, src, D, keys, acc_p, S);
-              } else {
-                ValueDifferences<T, false> src{vT + bh * D * S, S, o_row, p_row, nullptr, 0};
-                finite = row_products<Op, true, T, V>(rows[i].s, src, D, keys, acc_p, S);
-              }
-              for (int c = 0; c < Op::kAcc; ++c)  // keys after a causal block: the zero
-                for (int64_t n = keys; n < S; ++n) acc_p[c * S + n] = Op::template zero<T>(c);
-              ValueDifferences<T, false> check{vT + bh * D * S, S, o_row, p_row, nullptr, 0};
-              cols.clear();
-              finish_row<Op, T, V>(family, kmax, rows[i], check, D, keys, S, acc_p,
-                               Y + (bh * R + r) * S, BH * R * S, cols);
-              for (auto n : cols) redo_y.push_back((bh * R + r) * S + n);
-            } else {
-              ValueDifferences<T, true> src{vT + bh * D * S, S, o_row, p_row, Wp + i * D * keys, keys};
-              finite = row_products<Op, false, T, V>(rows[i].s, src, D, keys, acc.data(), S);
+            ValueDifferences<T, false> deltas{vT + bh * D * S, S, o_row, p_row, nullptr, 0};
+            ValueDifferences<T, true> emitting{vT + bh * D * S, S, o_row, p_row, Wp + i * D * keys, keys};
+            if (!need_x) {
+              row_products<Op, false, false, T, V>(rows[i].s, emitting, D, keys, acc.data(), S);
+              continue;
             }
-            if (!finite) {
-              declined = true;
-              return;
-            }
+            if (need_q) row_products<Op, true, false, T, V>(rows[i].s, emitting, D, keys, acc.data(), S);
+            else row_products<Op, true, false, T, V>(rows[i].s, deltas, D, keys, acc.data(), S);
+            for (int c = 0; c < Op::kAcc; ++c)  // keys after a causal block: the zero
+              for (int64_t n = keys; n < S; ++n) acc[c * S + n] = Op::template zero<T>(c);
+            T* x_row = X + (bh * R + r) * S;
+            cols.clear();
+            finish_row<Op, T, V>(family, kmax, rows[i], deltas, D, keys, S, acc.data(), x_row, BH * R * S, cols);
+            apply_factor<T, V>(family, kmax, p_row, S, x_row, BH * R * S, log_p.data());
+            for (auto n : cols) redo_x.push_back((bh * R + r) * S + n);
           }
           if (!need_q) continue;
           // J = W K for the block's rows: (rows·D × keys) @ (keys × E).
@@ -683,7 +782,7 @@ struct ValueBlocksJob {
           for (int64_t i = 0; i < rows_here; ++i) {
             const int64_t r = r0 + i;
             StoredWeights<T> src{Jp + i * D * E, E};
-            if (!row_products<Op, true, T, V>(rows[i].s, src, D, E, acc.data(), E)) {
+            if (!row_products<Op, true, false, T, V>(rows[i].s, src, D, E, acc.data(), E)) {
               declined = true;
               return;
             }
@@ -735,11 +834,11 @@ Tensor attention_row_products(const Semiring& sr, const Tensor& g, const Tensor&
 }
 
 bool attention_value_blocks(const Semiring& sr, const Tensor& g, const Tensor& v, const Tensor& out, const Tensor& P,
-                            const Tensor& k, int64_t T, bool causal, bool need_y, bool need_q, int64_t block_elements,
-                            Tensor& Y, Tensor& Q) {
+                            const Tensor& k, int64_t T, bool causal, bool need_x, bool need_q, int64_t block_elements,
+                            Tensor& X, Tensor& Q) {
   Family family;
   int64_t kmax;
-  if (!family_of(sr, family, kmax) || (!need_y && !need_q)) return false;
+  if (!family_of(sr, family, kmax) || (!need_x && !need_q)) return false;
   if (g.dim() != 5 || v.dim() != 4 || !kernel_dtype(g, v)) return false;
   for (const auto* t : {&out, &P, &k})
     if (t->scalar_type() != g.scalar_type() || !t->device().is_cpu() || (t->requires_grad() && at::GradMode::is_enabled()))
@@ -747,38 +846,46 @@ bool attention_value_blocks(const Semiring& sr, const Tensor& g, const Tensor& v
   const int64_t C = g.size(0), B = g.size(1), Hkv = g.size(2), R = g.size(3), D = g.size(4);
   const int64_t S = v.size(2), E = k.size(3), BH = B * Hkv;
   if (C != sr.components() || BH == 0 || R == 0 || D == 0 || S == 0 || E == 0 || T <= 0 || R % T != 0) return false;
+  // Bounded weights, so the loops need no check per term: |Δ| ≤ max|v| + max|out|,
+  // |W| ≤ max P·|Δ| and |J| ≤ S·max|W|·max|k|, all finite.
+  const double largest = g.scalar_type() == at::kFloat ? std::numeric_limits<float>::max()
+                                                       : std::numeric_limits<double>::max();
+  auto peak = [](const Tensor& t) { return t.abs().max().item<double>(); };  // NaN propagates
+  const double W_max = (peak(v) + peak(out)) * std::max(1.0, peak(P));
+  if (!(std::isfinite(W_max) && W_max * std::max(1.0, double(S) * peak(k)) < 0.25 * largest)) return false;
   auto gc = g.contiguous();
   auto vT = v.transpose(-1, -2).contiguous();
   auto oc = out.contiguous(), Pc = P.contiguous();
   auto kc = k.reshape({BH, S, E}).contiguous();
-  if (need_y) Y = at::empty({C, B, Hkv, R, S}, g.options());
+  if (need_x) X = at::empty({C, B, Hkv, R, S}, g.options());
   if (need_q) Q = at::empty({C, B, Hkv, R, E}, g.options());
   const int64_t block_rows = std::max<int64_t>(1, std::min<int64_t>(T, block_elements / (D * S)));
-  std::vector<int64_t> redo_y;
+  std::vector<int64_t> redo_x;
   bool declined = false;
   AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "attention_value_blocks", [&] {
-    ValueBlocksJob<scalar_t> job{family, kmax, C, BH, R, T, S, D, E, causal, need_y, need_q,
+    ValueBlocksJob<scalar_t> job{family, kmax, C, BH, R, T, S, D, E, causal, need_x, need_q,
                                  gc.data_ptr<scalar_t>(), vT.data_ptr<scalar_t>(), oc.data_ptr<scalar_t>(),
                                  Pc.data_ptr<scalar_t>(), kc,
-                                 need_y ? Y.data_ptr<scalar_t>() : nullptr, need_q ? Q.data_ptr<scalar_t>() : nullptr,
+                                 need_x ? X.data_ptr<scalar_t>() : nullptr, need_q ? Q.data_ptr<scalar_t>() : nullptr,
                                  block_rows, &sr, gc.view({C, BH, R, D}), need_q ? Q.view({C, BH, R, E}) : Tensor()};
     run_family<scalar_t>(family, kmax, job);
     declined = job.declined;
-    redo_y = std::move(job.redo_y);
+    redo_x = std::move(job.redo_x);
   });
   if (declined) {
-    Y = Tensor();
+    X = Tensor();
     Q = Tensor();
     return false;
   }
   count_kernel_call();
-  if (!redo_y.empty()) {  // Y entries near underflow: the semiring's exact product, Δ formed for just those
-    auto flat = long_tensor(redo_y, g);
+  if (!redo_x.empty()) {  // Y entries near underflow: the semiring's exact product on Δ formed for just those
+    auto flat = long_tensor(redo_x, g);
     auto s = flat.remainder(S), row = flat.div(S, "floor");
     auto bh = row.div(R, "floor"), r = row.remainder(R);
     auto delta = vT.view({BH, D, S}).index({bh, at::indexing::Slice(), s}) - oc.view({BH, R, D}).index({bh, r});
     auto g_rows = gc.view({C, BH, R, D}).index({at::indexing::Slice(), bh, r});  // (C, F, D)
-    Y.view({C, BH * R * S}).index_copy_(1, flat, exact_products(sr, g_rows, delta));
+    auto exact = sr.otimes_edge(exact_products(sr, g_rows, delta), Pc.view({BH, R, S}).index({bh, r, s}));
+    X.view({C, BH * R * S}).index_copy_(1, flat, exact);
   }
   return true;
 }

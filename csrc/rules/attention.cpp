@@ -85,14 +85,16 @@ struct ValueBlockOperands {
   bool causal;
 };
 
-// Y (C, B, Hkv, R, S) and Q (C, B, Hkv, R, E) from ATen pieces, block by block
-// of query rows (any device, any semiring): Δ, W = P·Δ, J = W K, and the row
-// products. A causal block stops at its last key; Y beyond holds the zero.
-void value_blocks_by_parts(const Semiring& sr, const ValueBlockOperands& x, bool need_y, bool need_q, Tensor& Y,
+// X = Y ⊗ lift(P) (C, B, Hkv, R, S) and Q (C, B, Hkv, R, E) from ATen pieces,
+// block by block of query rows (any device, any semiring): Δ, W = P·Δ,
+// J = W K, and the row products. A causal block stops at its last key (Y
+// beyond stays the zero; P = 0 there anyway).
+void value_blocks_by_parts(const Semiring& sr, const ValueBlockOperands& x, bool need_x, bool need_q, Tensor& X,
                            Tensor& Q) {
   const int64_t C = x.g.size(0), B = x.g.size(1), Hkv = x.g.size(2), R = x.g.size(3), D = x.g.size(4);
   const int64_t S = x.v.size(2), E = x.k.size(3), T = x.T, group = R / T;
-  if (need_y) Y = sr.zero({B, Hkv, group, T, S}, x.g.options());
+  Tensor Y;
+  if (need_x) Y = sr.zero({B, Hkv, group, T, S}, x.g.options());
   if (need_q) Q = at::empty({C, B, Hkv, group, T, E}, x.g.options());
   const int64_t block = std::max<int64_t>(1, block_elements() / std::max<int64_t>(group * D * S, 1));
   auto vT = x.v.transpose(-1, -2).contiguous();  // (B, Hkv, D, S)
@@ -102,7 +104,7 @@ void value_blocks_by_parts(const Semiring& sr, const ValueBlockOperands& x, bool
       auto out_head = x.out[b][j].reshape({group, T, D});
       auto P_head = x.P[b][j].reshape({group, T, S});
       auto vT_head = vT[b][j], k_head = x.k[b][j];
-      auto Y_head = need_y ? Y.select(1, b).select(1, j) : Tensor();
+      auto Y_head = need_x ? Y.select(1, b).select(1, j) : Tensor();
       auto Q_head = need_q ? Q.select(1, b).select(1, j) : Tensor();
       for (int64_t t0 = 0; t0 < T; t0 += block) {
         const int64_t tc = std::min(block, T - t0), rows = group * tc;
@@ -110,7 +112,7 @@ void value_blocks_by_parts(const Semiring& sr, const ValueBlockOperands& x, bool
         auto delta = (vT_head.narrow(1, 0, keys) - out_head.narrow(1, t0, tc).unsqueeze(-1))
                          .reshape({rows, D, keys}).contiguous();  // Δ
         auto g_rows = g_head.narrow(2, t0, tc).reshape({C, rows, D});
-        if (need_y)
+        if (need_x)
           Y_head.narrow(2, t0, tc).narrow(3, 0, keys)
               .copy_(row_products(sr, g_rows, delta).reshape({C, group, tc, keys}));
         if (need_q) {
@@ -120,7 +122,7 @@ void value_blocks_by_parts(const Semiring& sr, const ValueBlockOperands& x, bool
         }
       }
     }
-  if (need_y) Y = Y.reshape({C, B, Hkv, R, S});
+  if (need_x) X = sr.otimes_edge(Y.reshape({C, B, Hkv, R, S}), x.P);
   if (need_q) Q = Q.reshape({C, B, Hkv, R, E});
 }
 
@@ -176,13 +178,13 @@ std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tens
   if (!ctx.needs(0) && !ctx.needs(1)) return result;
 
   ValueBlockOperands x{g, v.to(vtype), rows(out.to(vtype)), P, (k * scale).to(vtype), T, n.is_causal};
-  Tensor Y, Q;
+  Tensor X, Q;
   if (!kernels::attention_value_blocks(sr, x.g, x.v, x.out, x.P, x.k, T, x.causal, ctx.needs(1), ctx.needs(0),
-                                       block_elements(), Y, Q))
-    value_blocks_by_parts(sr, x, ctx.needs(1), ctx.needs(0), Y, Q);
+                                       block_elements(), X, Q))
+    value_blocks_by_parts(sr, x, ctx.needs(1), ctx.needs(0), X, Q);
   if (ctx.needs(0)) result[0] = Q.reshape({C, B, H, T, E});
-  if (ctx.needs(1))  // k: ⊕ over the group's query rows of (Y ⊗ lift(P)) ⊗ lift(scale·q)
-    result[1] = sr.matmul(sr.otimes_edge(Y, P).transpose(-1, -2), (qr * scale).to(vtype));
+  if (ctx.needs(1))  // k: ⊕ over the group's query rows of X ⊗ lift(scale·q)
+    result[1] = sr.matmul(X.transpose(-1, -2), (qr * scale).to(vtype));
   return result;
 }
 
