@@ -153,6 +153,28 @@ def test_fully_masked_rows_have_no_edges(semiring, mask):
     assert torch.all(gq[:, :, 1] == 0)  # the masked query row t = 1 reaches nothing
 
 
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+def test_wide_rows_match_reference(semiring):
+    # 33 keys and head dim 33: the loops' widest lane blocks (4 vectors of 8
+    # doubles with AVX-512) plus a one-column tail, for Y and for Q.
+    check(semiring, *attention_case(1, 1, 1, 2, 33, 33, seed=31))
+
+
+@pytest.mark.parametrize("semiring", ["viterbi", "log", "entropy", "max_prod", "kmax", "count"])
+@pytest.mark.parametrize("isa", ["avx2", "portable"])
+def test_every_instruction_set_matches_reference(semiring, isa, monkeypatch):
+    monkeypatch.setenv("TORCH_SEMIRING_KERNEL_ISA", isa)
+    check(semiring, *attention_case(1, 1, 2, 3, 11, 9, mask="causal", seed=29))
+
+
+def test_kmax_beyond_the_loops_takes_the_semiring_matmul():
+    outputs, inputs = attention_case(1, 1, 2, 3, 4, 2, mask="bool", seed=37)
+    expected = reference_values(outputs, inputs, "kmax", k=10)
+    actual = ts.grad(outputs, inputs, semiring="kmax", k=10, retain_graph=True)
+    for name, a, e in zip("qkv", actual, expected):
+        assert_values_equal(a, e, "kmax", f"kmax(10)/{name}")
+
+
 def test_value_head_dim_differs_from_query_goes_elsewhere():
     # The fused CPU kernel needs one head dim; torch routes D ≠ E to the math path.
     q, k, v = torch.randn(1, 2, 3, 4, dtype=D), torch.randn(1, 2, 5, 4, dtype=D), torch.randn(1, 2, 5, 2, dtype=D)
@@ -222,12 +244,16 @@ def test_product_semiring_equals_separate_runs(case):
             assert_values_equal(a, b, name, f"product/{name}")
 
 
-@pytest.mark.parametrize("semiring", ["viterbi", "max_abs", "log", "entropy", "max_prod", "kmax", "abs"])
-def test_float32_agrees_with_float64(semiring):
+@pytest.mark.parametrize("semiring", ["viterbi", "max_abs", "log", "entropy", "max_prod", "kmax", "abs", "count"])
+@pytest.mark.parametrize("size", ["small", "wide"])
+def test_float32_agrees_with_float64(semiring, size):
+    # "wide": 65 keys and head dim 65, the float loops' widest lane blocks
+    # (4 vectors of 16 floats) plus a tail, against the float64 loops.
+    shape = (1, 2, 2, 5, 6, 4) if size == "small" else (1, 1, 2, 3, 65, 65)
     params = {"k": 3} if semiring == "kmax" else {}
     results = []
     for dtype in (torch.float32, D):
-        outputs, inputs = attention_case(1, 2, 2, 5, 6, 4, mask="causal", seed=19, dtype=dtype)
+        outputs, inputs = attention_case(*shape, mask="causal", seed=19, dtype=dtype)
         results.append(ts.grad(outputs, inputs, semiring=semiring, **params))
     for a, b in zip(*results):
         assert a.dtype == torch.float32

@@ -22,14 +22,18 @@
 // underflow can lose: a_k is flushed to 0 when g_k < G_r + log(min normal), and
 // a product a_k|w| loses bits below the smallest normal. Every result below
 // its row's threshold (2·min normal; times K/ε for sums; times max(1, max|w|)
-// when the row had a_k flushed) — results that are exactly empty included — is
-// recomputed exactly by the semiring's own matmul on just those entries.
+// when the row had a_k flushed) is recomputed exactly by the semiring's own
+// matmul on just those entries — unless it is exactly empty: in a row without
+// flushed a_k, the terms that exist (a_k > 0, w ≠ 0) are counted, and slots
+// beyond their number are the zero (a causal first row, tied values).
 //
 // The fused driver (attention_value_blocks) runs, per key/value head and block
-// of query rows: one pass forming Δ on the fly for Y while writing W = P·Δ,
-// one GEMM J = W K (at::mm into a block buffer), one pass of row products over
-// J. A block's W is ~2^16 elements (L2); its rows' prepared scalars (the a_k)
-// serve both passes.
+// of query rows: one pass forming Δ on the fly for Y (then ⊗ lift(P), giving X)
+// while writing W = P·Δ, one GEMM J = W K (at::mm into a block buffer), one
+// pass of row products over J. A block's W is ~2^16 elements (L2); its rows'
+// prepared scalars (the a_k) serve both passes. Its weights are bounded up
+// front (max|v|, |out|, |P|, |k|), so its loops skip the per-term finiteness
+// check the stand-alone row products make.
 #include "kernels/attention_blocks.h"
 
 // Vector types in template arguments trigger GCC's "ABI changed" notes; these
@@ -78,10 +82,6 @@ bool family_of(const Semiring& sr, Family& family, int64_t& k) {
     return false;
   }
   return true;
-}
-
-bool exp_shifted(Family f) {
-  return f == Family::Viterbi || f == Family::Log || f == Family::Entropy || f == Family::KMax;
 }
 
 // ---- vector helpers ----------------------------------------------------------

@@ -25,17 +25,34 @@
 // serves `group` query heads; their query rows are stacked along the
 // contraction of the k and v products, so those ⊕ over the group for free.
 //
-// "Row products" out[r,n] = ⊕_k g[r,k] ⊗ lift(w[r,k,n]) (a vector–matrix
-// product per query row, no factorisation for a general semiring) run in
-// kernels/attention_blocks.cpp where the semiring has a dedicated loop, else
-// through the semiring's matmul with M = 1.
+// Exactness: every weight is formed as the stock backward forms it (P from
+// the saved logsumexp, Δ as v − out, W = P·Δ, J by a GEMM), so the values
+// agree with ⊕_o g_o ⊗ lift(J[o, e]) up to rounding, and an edge is missing
+// exactly where the stock derivative is 0 — except where a product
+// underflows to 0 in one order of multiplication and not the other
+// (lift(W)·lift(q) here vs fl(W·q) there).
 //
-// Cost per batch·head (T queries, S keys, D = E head dim): the GEMM for J
-// T·D·S·E multiply-adds (the dominant term; the stock backward does ~4·T·S·D);
-// Δ, W: T·D·S elements; Y: T·D·S and Q: T·D·E semiring terms; the k and v
-// products T·S·E and T·S·D semiring terms; causal attention only visits
-// keys s ≤ t (blocks of query rows cut at the block's last key), about half.
-// Δ, W and J live one block of query rows at a time (~2^16 elements).
+// "Row products" out[r,n] = ⊕_k g[r,k] ⊗ lift(w[r,k,n]) (a vector–matrix
+// product per query row, no factorisation for a general semiring). Two routes:
+//   - kernels::attention_value_blocks (CPU, float/double, the built-in
+//     semirings): one pass per block of query rows forms Δ on the fly for Y,
+//     writes W for the GEMM and applies ⊗ lift(P); a second pass runs Q's row
+//     products over the block's J; in linear space with an exp-shift, see
+//     kernels/attention_blocks.cpp;
+//   - value_blocks_by_parts (any device or semiring: product, provenance,
+//     Python, reduced precision): the same blocks from ATen pieces, the row
+//     products by kernels::attention_row_products where the semiring has a
+//     loop, else by the semiring's matmul with M = 1.
+//
+// Cost per batch·head (T queries, S keys, D = E head dim): the GEMM for J,
+// T·D·S·E multiply-adds — the dominant term (the stock backward does
+// ~4·T·S·D; at D = 32, 64 tokens and 12 heads it is ~50 M multiply-adds per
+// node, ~1.3 ms on one core here); Y: T·S·D and Q: T·D·E semiring terms of a
+// few vector instructions each (entropy: + a log per term); the k and v
+// products T·S·E and T·S·D semiring terms (the semiring's matmul); causal
+// attention only visits keys s ≤ t (blocks of query rows cut at the block's
+// last key), about half. Δ, W and J live one block of query rows at a time
+// (W ~2^16 elements).
 #include <ATen/OpMathType.h>
 #include <torch/csrc/autograd/generated/Functions.h>
 
