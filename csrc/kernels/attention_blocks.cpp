@@ -517,8 +517,9 @@ TS_TILE_FN bool prepare_row(Family family, int64_t kmax, const T* g, int64_t gc,
     }
     return true;
   }
-  for (int64_t k = 0; k < K; ++k)
-    for (int64_t j = 0; j < P; ++j) s[k * P + j] = j < entries ? a[j * K + k] : T(0);
+  if (entries < P) std::memset(s, 0, K * P * sizeof(T));
+  for (int64_t j = 0; j < entries; ++j)
+    for (int64_t k = 0; k < K; ++k) s[k * P + j] = a[j * K + k];
   return true;
 }
 
