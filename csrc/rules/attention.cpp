@@ -2,17 +2,64 @@
 // (_scaled_dot_product_flash_attention_for_cpu): one node, so one edge per
 // (output element, input element) weighted by the TRUE derivative of the
 // fused op — the paths inside it (scores, softmax, the value product) are
-// summed in the reals, as its own backward does, not enumerated.
-// With P = softmax(q kᵀ·scale + mask) (recomputed), out = P v:
-//   ∂out[t,d]/∂v[s,d]    = P[t,s]
-//   ∂out[t,d]/∂k[s,e]    = scale · q[t,e] · P[t,s] · (v[s,d] − out[t,d])
-//   ∂out[t,d]/∂q[t,e]    = scale · (Σ_s P[t,s] v[s,d] k[s,e] − out[t,d] · (P k)[t,e])
-//   ∂out[t,d]/∂mask[t,s] = P[t,s] · (v[s,d] − out[t,d])
-// The k and mask weights factor through lift(a·b) = lift(a) ⊗ lift(b); the q
-// weights form a D×E block per query row, contracted with the semiring matmul.
+// summed in the reals, as its own backward does, not enumerated. The node has
+// three next edges (query, key, value); its mask is not differentiable.
+//
+// Per batch·head, with P = exp(q kᵀ·scale + mask − logsumexp) (the saved
+// logsumexp, as the stock backward recomputes it: a fully masked row has
+// P = 0 and out = 0, so no edges), out = P v, and the softmax-weighted value
+// differences (exactly the stock backward's dS for a one-hot grad at (t, d))
+//     W[t,d,s] = P[t,s] · Δ[t,d,s],   Δ[t,d,s] = v[s,d] − out[t,d]:
+//   ∂out[t,d]/∂v[s,d] = P[t,s]
+//   ∂out[t,d]/∂k[s,e] = scale · q[t,e] · W[t,d,s]
+//   ∂out[t,d]/∂q[t,e] = scale · J_t[d,e],   J_t = W_t K  (W_t: D×S, K: S×E)
+// so, with g the values arriving at out,
+//   v:  ⊕_t g[t,d] ⊗ lift(P[t,s])                      one semiring matmul
+//   k:  ⊕_t X[t,s] ⊗ lift(scale·q[t,e]),  X = Y ⊗ lift(P),
+//       Y[t,s] = ⊕_d g[t,d] ⊗ lift(Δ[t,d,s])           row products (below)
+//   q:  ⊕_d g[t,d] ⊗ lift(scale·J_t[d,e])              row products
+// J is formed as W (T·D × S) times K, one ordinary GEMM per block of query
+// rows — not as Σ_s P v k − out·(P k): that factorisation turns exact zeros of
+// the stock derivative (tied values: v[s,d] = out[t,d]) into rounding noise,
+// i.e. edges that do not exist. Grouped-query heads: every key/value head
+// serves `group` query heads; their query rows are stacked along the
+// contraction of the k and v products, so those ⊕ over the group for free.
+//
+// Exactness: every weight is formed as the stock backward forms it (P from
+// the saved logsumexp, Δ as v − out, W = P·Δ, J by a GEMM), so the values
+// agree with ⊕_o g_o ⊗ lift(J[o, e]) up to rounding, and an edge is missing
+// exactly where the stock derivative is 0 — except where a product
+// underflows to 0 in one order of multiplication and not the other
+// (lift(W)·lift(q) here vs fl(W·q) there).
+//
+// "Row products" out[r,n] = ⊕_k g[r,k] ⊗ lift(w[r,k,n]) (a vector–matrix
+// product per query row, no factorisation for a general semiring). Two routes:
+//   - kernels::attention_value_blocks (CPU, float/double, the built-in
+//     semirings): one pass per block of query rows forms Δ on the fly for Y,
+//     writes W for the GEMM and applies ⊗ lift(P); a second pass runs Q's row
+//     products over the block's J; in linear space with an exp-shift, see
+//     kernels/attention_blocks.cpp;
+//   - value_blocks_by_parts (any device or semiring: product, provenance,
+//     Python, reduced precision): the same blocks from ATen pieces, the row
+//     products by kernels::attention_row_products where the semiring has a
+//     loop, else by the semiring's matmul with M = 1.
+//
+// Cost per batch·head (T queries, S keys, D = E head dim): the GEMM for J,
+// T·D·S·E multiply-adds — the dominant term (the stock backward does
+// ~4·T·S·D; at D = 32, 64 tokens and 12 heads it is ~50 M multiply-adds per
+// node, ~1.3 ms on one core here); Y: T·S·D and Q: T·D·E semiring terms of a
+// few vector instructions each (entropy: + a log per term); the k and v
+// products T·S·E and T·S·D semiring terms (the semiring's matmul); causal
+// attention only visits keys s ≤ t (blocks of query rows cut at the block's
+// last key), about half. Δ, W and J live one block of query rows at a time
+// (W ~2^16 elements).
+#include <ATen/OpMathType.h>
 #include <torch/csrc/autograd/generated/Functions.h>
 
+#include "kernels/attention_blocks.h"
 #include "rule.h"
+
+#include <cstdlib>
 
 namespace torch_semiring {
 
@@ -21,30 +68,79 @@ using namespace torch::autograd::generated;
 
 namespace {
 
-// X[t,s] = ⊕_d g[t,d] ⊗ lift(v[s,d] − out[t,d]), a block of query rows at a time.
-Tensor through_value_difference(const Semiring& sr, const Tensor& g, const Tensor& v, const Tensor& out) {
-  const int64_t T = out.size(-2), S = v.size(-2), D = v.size(-1);
-  const int64_t batch = out.numel() / std::max<int64_t>(T * D, 1);
-  const int64_t chunk = std::max<int64_t>(1, (int64_t(1) << 22) / std::max<int64_t>(batch * S * D * g.size(0), 1));
-  std::vector<Tensor> parts;
-  for (int64_t t0 = 0; t0 < T; t0 += chunk) {
-    const int64_t n = std::min(chunk, T - t0);
-    auto diff = v.unsqueeze(-3) - out.narrow(-2, t0, n).unsqueeze(-2);      // (…, n, S, D)
-    auto prod = sr.otimes_edge(g.narrow(-2, t0, n).unsqueeze(-2), diff);     // (C, …, n, S, D)
-    parts.push_back(sr.oplus_reduce(prod, {prod.dim() - 2}, false));          // (C, …, n, S)
+// out[r, n] = ⊕_k g[r, k] ⊗ lift(w[r, k, n]) for g (C, R, K), w (R, K, N).
+Tensor row_products(const Semiring& sr, const Tensor& g, const Tensor& w) {
+  auto parts = product_parts(sr);
+  if (!parts.empty()) {  // a product semiring: each part takes its own fastest route
+    auto values = split_product_value(sr, g);
+    std::vector<Tensor> out;
+    for (size_t i = 0; i < parts.size(); ++i) out.push_back(row_products(*parts[i], values[i], w));
+    return at::cat(out, 0);
   }
-  return at::cat(parts, -2);
+  auto fast = kernels::attention_row_products(sr, g, w);
+  if (fast.defined()) return fast;
+  return sr.matmul(g.unsqueeze(-2), w).squeeze(-2);
 }
 
-// (C, …, H, S, E) with H = heads·group → (C, …, heads, S, E), ⊕ over the group.
-Tensor fold_groups(const Semiring& sr, const Tensor& value, int64_t group) {
-  if (group == 1) return value;
-  auto shape = value.sizes().vec();
-  const int64_t heads = shape[shape.size() - 3] / group;
-  shape[shape.size() - 3] = group;
-  shape.insert(shape.end() - 3, heads);
-  auto grouped = value.reshape(shape);
-  return sr.oplus_reduce(grouped, {grouped.dim() - 4}, false);
+// Elements of W per block of query rows: small enough for the level-2 cache.
+// TORCH_SEMIRING_ATTENTION_BLOCK overrides it (tests use tiny blocks to cover
+// the blocked and causal-cut paths with problems small enough for the reference).
+int64_t block_elements() {
+  if (const char* forced = std::getenv("TORCH_SEMIRING_ATTENTION_BLOCK")) return std::max<int64_t>(1, std::atoll(forced));
+  return int64_t(1) << 16;
+}
+
+// The operands of Y and Q, per key/value head b, j with its R = group·T query
+// rows (row i·T + t: query t of the group's i-th head), in the values' dtype.
+struct ValueBlockOperands {
+  Tensor g;    // (C, B, Hkv, R, D) values at out
+  Tensor v;    // (B, Hkv, S, D)
+  Tensor out;  // (B, Hkv, R, D)
+  Tensor P;    // (B, Hkv, R, S)
+  Tensor k;    // (B, Hkv, S, E), the scale folded in
+  int64_t T;
+  bool causal;
+};
+
+// X = Y ⊗ lift(P) (C, B, Hkv, R, S) and Q (C, B, Hkv, R, E) from ATen pieces,
+// block by block of query rows (any device, any semiring): Δ, W = P·Δ,
+// J = W K, and the row products. A causal block stops at its last key (Y
+// beyond stays the zero; P = 0 there anyway).
+void value_blocks_by_parts(const Semiring& sr, const ValueBlockOperands& x, bool need_x, bool need_q, Tensor& X,
+                           Tensor& Q) {
+  const int64_t C = x.g.size(0), B = x.g.size(1), Hkv = x.g.size(2), R = x.g.size(3), D = x.g.size(4);
+  const int64_t S = x.v.size(2), E = x.k.size(3), T = x.T, group = R / T;
+  Tensor Y;
+  if (need_x) Y = sr.zero({B, Hkv, group, T, S}, x.g.options());
+  if (need_q) Q = at::empty({C, B, Hkv, group, T, E}, x.g.options());
+  const int64_t block = std::max<int64_t>(1, block_elements() / std::max<int64_t>(group * D * S, 1));
+  auto vT = x.v.transpose(-1, -2).contiguous();  // (B, Hkv, D, S)
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < Hkv; ++j) {
+      auto g_head = x.g.select(1, b).select(1, j).reshape({C, group, T, D});
+      auto out_head = x.out[b][j].reshape({group, T, D});
+      auto P_head = x.P[b][j].reshape({group, T, S});
+      auto vT_head = vT[b][j], k_head = x.k[b][j];
+      auto Y_head = need_x ? Y.select(1, b).select(1, j) : Tensor();
+      auto Q_head = need_q ? Q.select(1, b).select(1, j) : Tensor();
+      for (int64_t t0 = 0; t0 < T; t0 += block) {
+        const int64_t tc = std::min(block, T - t0), rows = group * tc;
+        const int64_t keys = x.causal ? std::min(S, t0 + tc) : S;  // P = 0 beyond
+        auto delta = (vT_head.narrow(1, 0, keys) - out_head.narrow(1, t0, tc).unsqueeze(-1))
+                         .reshape({rows, D, keys}).contiguous();  // Δ
+        auto g_rows = g_head.narrow(2, t0, tc).reshape({C, rows, D});
+        if (need_x)
+          Y_head.narrow(2, t0, tc).narrow(3, 0, keys)
+              .copy_(row_products(sr, g_rows, delta).reshape({C, group, tc, keys}));
+        if (need_q) {
+          auto W = delta * P_head.narrow(1, t0, tc).narrow(2, 0, keys).reshape({rows, 1, keys});
+          auto J = at::matmul(W.reshape({rows * D, keys}), k_head.narrow(0, 0, keys)).reshape({rows, D, E});
+          Q_head.narrow(2, t0, tc).copy_(row_products(sr, g_rows, J).reshape({C, group, tc, E}));
+        }
+      }
+    }
+  if (need_x) X = sr.otimes_edge(Y.reshape({C, B, Hkv, R, S}), x.P);
+  if (need_q) Q = Q.reshape({C, B, Hkv, R, E});
 }
 
 std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
@@ -54,46 +150,58 @@ std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tens
               "attn_implementation='eager'.");
   TORCH_CHECK(grads.size() < 2 || !grads[1].defined(), "torch_semiring: values arriving at the logsumexp output of ",
               ctx.node.name(), " are not supported");
-  const auto& sr = ctx.semiring;
-  const Tensor& g = grads[0];
-  auto q = ctx.unpack(n.query_), k = ctx.unpack(n.key_), v = ctx.unpack(n.value_);
-  auto out = ctx.unpack(n.output_);
-  auto mask = ctx.unpack(n.attn_mask_);
-  // Grouped-query attention: every key/value head serves `group` query heads.
-  // Work with the heads repeated; the values of a key/value element are then
-  // ⊕-folded over its group (its edges to all those heads' outputs).
-  TORCH_CHECK(q.dim() >= 3 && q.size(-3) % k.size(-3) == 0, "torch_semiring: ", ctx.node.name(), ": ",
-              q.size(-3), " query heads cannot be grouped over ", k.size(-3), " key/value heads");
-  const int64_t group = q.size(-3) / k.size(-3);
-  if (group > 1) {
-    k = k.repeat_interleave(group, -3);
-    v = v.repeat_interleave(group, -3);
-  }
-  const double scale = n.scale.value_or(1.0 / std::sqrt(double(q.size(-1))));
-  auto scores = at::matmul(q, k.transpose(-1, -2)) * scale;
-  if (n.is_causal) {
-    auto causal = at::ones({q.size(-2), k.size(-2)}, q.options().dtype(at::kBool)).tril();
-    scores = scores.masked_fill(causal.logical_not(), -std::numeric_limits<double>::infinity());
-  }
-  if (mask.defined()) scores = mask.scalar_type() == at::kBool
-                                   ? scores.masked_fill(mask.logical_not(), -std::numeric_limits<double>::infinity())
-                                   : scores + mask;
-  auto P = at::softmax(scores, -1);
-  const auto scale_t = at::scalar_tensor(scale, q.options());
   std::vector<Tensor> result(std::max<size_t>(ctx.needed.size(), 3));
-  if (ctx.needs(2)) result[2] = fold_groups(sr, sr.matmul(g.transpose(-1, -2), P).transpose(-1, -2), group);
-  Tensor X;
-  if (ctx.needs(1) || ctx.needs(3)) X = through_value_difference(sr, g, v, out);
-  if (ctx.needs(1)) {
-    auto Y = sr.otimes_edge(sr.otimes_edge(X, P), scale_t);
-    result[1] = fold_groups(sr, sr.matmul(Y.transpose(-1, -2), q), group);
+  const auto& sr = ctx.semiring;
+  const Tensor& g_in = grads[0];
+  if (!g_in.defined()) return result;  // nothing arrives: every input gets the zero
+  auto q = ctx.unpack(n.query_), k = ctx.unpack(n.key_), v = ctx.unpack(n.value_);
+  auto out = ctx.unpack(n.output_), lse = ctx.unpack(n.logsumexp_);
+  auto mask = ctx.unpack(n.attn_mask_);
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "torch_semiring: ", ctx.node.name(),
+              " expects (batch, heads, tokens, head dim) tensors, got query ", q.sizes(), ", key ", k.sizes(),
+              ", value ", v.sizes());
+  const int64_t B = q.size(0), H = q.size(1), T = q.size(2), E = q.size(3);
+  const int64_t Hkv = k.size(1), S = k.size(2), D = v.size(3);
+  TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "torch_semiring: ", ctx.node.name(), ": ", H,
+              " query heads cannot be grouped over ", Hkv, " key/value heads");
+  const int64_t group = H / Hkv, R = group * T, C = g_in.size(0);
+  const double scale = n.scale.value_or(1.0 / std::sqrt(double(E)));
+
+  // Weights in the values' dtype (the semiring arithmetic runs in it), computed
+  // in at least float32 (the stock kernel's accumulation type for bf16/fp16).
+  const auto vtype = g_in.scalar_type();
+  const auto wtype = at::promote_types(at::toOpMathType(q.scalar_type()), vtype);
+  auto as_weight = [&](const Tensor& t) { return t.to(wtype); };
+  // Query rows of a key/value head's group side by side: (B, Hkv, R, ·).
+  auto rows = [&](const Tensor& t) { return t.reshape({B, Hkv, R, t.size(-1)}); };
+  auto qr = rows(as_weight(q));
+  auto g = g_in.reshape({C, B, Hkv, R, D});
+
+  // P (B, Hkv, R, S), as the stock backward recomputes it.
+  auto scores = at::matmul(qr, as_weight(k).transpose(-1, -2)).mul_(scale);
+  const double ninf = -std::numeric_limits<double>::infinity();
+  if (mask.defined()) {
+    auto m = mask.expand({B, H, T, S}).reshape({B, Hkv, R, S});
+    scores = m.scalar_type() == at::kBool ? scores.masked_fill_(m.logical_not(), ninf) : scores.add_(m.to(wtype));
   }
-  if (ctx.needs(3)) result[3] = sr.otimes_edge(X, P);
-  if (ctx.needs(0)) {
-    auto mixed = at::einsum("...ts,...sd,...se->...tde", {P, v, k});
-    auto J = (mixed - out.unsqueeze(-1) * at::matmul(P, k).unsqueeze(-2)) * scale;  // (…, T, D, E)
-    result[0] = sr.matmul(g.unsqueeze(-2), J).squeeze(-2);
+  if (n.is_causal) {
+    auto future = at::ones({T, S}, q.options().dtype(at::kBool)).triu(1).repeat({group, 1});
+    scores.masked_fill_(future, ninf);
   }
+  auto P = scores.sub_(rows(as_weight(lse).unsqueeze(-1))).exp_().to(vtype);
+
+  if (ctx.needs(2))  // v: ⊕ over the group's query rows of g ⊗ lift(P)
+    result[2] = sr.matmul(g.transpose(-1, -2), P).transpose(-1, -2);
+  if (!ctx.needs(0) && !ctx.needs(1)) return result;
+
+  ValueBlockOperands x{g, v.to(vtype), rows(out.to(vtype)), P, (k * scale).to(vtype), T, n.is_causal};
+  Tensor X, Q;
+  if (!kernels::attention_value_blocks(sr, x.g, x.v, x.out, x.P, x.k, T, x.causal, ctx.needs(1), ctx.needs(0),
+                                       block_elements(), X, Q))
+    value_blocks_by_parts(sr, x, ctx.needs(1), ctx.needs(0), X, Q);
+  if (ctx.needs(0)) result[0] = Q.reshape({C, B, H, T, E});
+  if (ctx.needs(1))  // k: ⊕ over the group's query rows of X ⊗ lift(scale·q)
+    result[1] = sr.matmul(X.transpose(-1, -2), (qr * scale).to(vtype));
   return result;
 }
 

@@ -1,0 +1,895 @@
+// Row products out[r, n] = ⊕_k g[r, k] ⊗ lift(w[r, k, n]) of the fused
+// attention rule (see attention_blocks.h), one pass over the weights per row,
+// vectorised over n.
+//
+// The semiring arithmetic is carried in LINEAR space wherever the semiring
+// allows, so transcendental work is per (r, k) and per (r, n), never per term
+// (r, k, n) — except entropy's |w|·log|w|:
+//   real / abs / count   Σ_k g·w, Σ_k g·|w|, Σ_k g·[w ≠ 0]
+//   max_abs              max_k g·|w|
+//   max_prod             the (max, min) of g·w over signed pairs
+//   viterbi, log         with G_r = max_k g[r,k] and a_k = e^{g_k − G_r}:
+//                        G_r + log max_k a_k|w| (viterbi), G_r + log Σ_k a_k|w| (log)
+//   entropy (ℓ, h)       a_k = e^{ℓ_k − G_r}: Z = Σ a_k|w|, R = Σ a_k|w|(h_k − log|w|),
+//                        ℓ = G_r + log Z, h = R/Z (a vectorised log per term)
+//   kmax (k ≤ 8)         the k largest a_k[j]·|w| (bitonic top-k merge), G_r + log of each
+// Cost per row: K·N terms of a few vector instructions (kmax: ~k/2·log2 k + k
+// compare-exchanges; entropy: + a log), K exponentials, N logarithms (both
+// vectorised here: exp_of, log_of).
+//
+// Exactness of the exp-shift. A result is exact up to rounding when its
+// winning (max) or total (sum) linear value is a normal number well above what
+// underflow can lose: a_k is flushed to 0 when g_k < G_r + log(min normal), and
+// a product a_k|w| loses bits below the smallest normal. Every result below
+// its row's threshold (2·min normal; times K/ε for sums; times max(1, max|w|)
+// when the row had a_k flushed) is recomputed exactly by the semiring's own
+// matmul on just those entries — unless it is exactly empty: in a row without
+// flushed a_k, the terms that exist (a_k > 0, w ≠ 0) are counted, and slots
+// beyond their number are the zero (a causal first row, tied values).
+//
+// The fused driver (attention_value_blocks) runs, per key/value head and block
+// of query rows: one pass forming Δ on the fly for Y (then ⊗ lift(P), giving X)
+// while writing W = P·Δ, one GEMM J = W K (at::mm into a block buffer), one
+// pass of row products over J. A block's W is ~2^16 elements (L2); its rows'
+// prepared scalars (the a_k) serve both passes. Its weights are bounded up
+// front (max|v|, |out|, |P|, |k|), so its loops skip the per-term finiteness
+// check the stand-alone row products make.
+#include "kernels/attention_blocks.h"
+
+// Vector types in template arguments trigger GCC's "ABI changed" notes; these
+// functions are all internal (before tile_arithmetic.h, as in cpu_gemm.cpp).
+#pragma GCC diagnostic ignored "-Wpsabi"
+#include "kernels/cpu_gemm.h"
+#include "kernels/tile_arithmetic.h"
+#include "semiring/abs.h"
+#include "semiring/count.h"
+#include "semiring/entropy.h"
+#include "semiring/kmax.h"
+#include "semiring/log.h"
+#include "semiring/max_abs.h"
+#include "semiring/max_prod.h"
+#include "semiring/real.h"
+#include "semiring/viterbi.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace torch_semiring {
+namespace kernels {
+namespace {
+
+enum class Family { Real, Abs, Count, MaxAbs, MaxProd, Viterbi, Log, Entropy, KMax };
+
+// The loop a semiring has here (false: none). k: kmax's list length.
+bool family_of(const Semiring& sr, Family& family, int64_t& k) {
+  k = 1;
+  if (dynamic_cast<const RealSemiring*>(&sr)) family = Family::Real;
+  else if (dynamic_cast<const AbsSemiring*>(&sr)) family = Family::Abs;
+  else if (dynamic_cast<const CountSemiring*>(&sr)) family = Family::Count;
+  else if (dynamic_cast<const MaxAbsSemiring*>(&sr)) family = Family::MaxAbs;
+  else if (dynamic_cast<const MaxProdSemiring*>(&sr)) family = Family::MaxProd;
+  else if (dynamic_cast<const ViterbiSemiring*>(&sr)) family = Family::Viterbi;
+  else if (dynamic_cast<const LogSemiring*>(&sr)) family = Family::Log;
+  else if (dynamic_cast<const EntropySemiring*>(&sr)) family = Family::Entropy;
+  else if (auto* km = dynamic_cast<const KMaxSemiring*>(&sr)) {
+    family = Family::KMax;
+    k = km->k();
+    return k <= 8;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// ---- vector helpers ----------------------------------------------------------
+
+template <class T, int Bytes>
+struct VecOf {
+  typedef T type __attribute__((vector_size(Bytes)));
+};
+template <class T>
+struct IntOf;
+template <>
+struct IntOf<float> {
+  using type = int32_t;
+};
+template <>
+struct IntOf<double> {
+  using type = int64_t;
+};
+// The integer type with V's lane layout (V a scalar or a vector of T).
+template <class V, class T>
+struct IntLanes {
+  using I = typename IntOf<T>::type;
+  using type = typename std::conditional<std::is_same<V, T>::value, I, typename VecOf<I, sizeof(V)>::type>::type;
+};
+
+template <class To, class From>
+TS_TILE_FN To bitcast(From x) {
+  static_assert(sizeof(To) == sizeof(From), "bitcast: sizes differ");
+  To y;
+  std::memcpy(&y, &x, sizeof(To));
+  return y;
+}
+template <class V, class T>
+TS_TILE_FN V splat(T x) {
+  return V{} + x;
+}
+template <class V, class T>
+TS_TILE_FN V load(const T* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+template <class V, class T>
+TS_TILE_FN void store(T* p, V v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+template <class V>
+TS_TILE_FN V magnitude(V x) {
+  return x < 0 ? -x : x;
+}
+template <class V, class T, class IV>
+TS_TILE_FN V to_real(IV i) {
+  if constexpr (std::is_same<V, T>::value) {
+    return static_cast<T>(i);
+  } else {
+    return __builtin_convertvector(i, V);
+  }
+}
+
+template <class T>
+struct MathConstants;
+template <>
+struct MathConstants<float> {
+  static constexpr int kMantissa = 23;
+  static constexpr int32_t kBias = 127, kMantissaMask = 0x7fffff, kOneBits = 0x3f800000;
+  static constexpr float kSubnormalScale = 33554432.0f, kSubnormalShift = 25;  // 2^25
+  static constexpr float kLog2e = 1.44269504088896341f, kShifter = 12582912.0f;  // 1.5·2^23
+  static constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;        // Cephes' split of log 2
+  static constexpr float kLowest = -87.33654475f;  // log(min normal)
+  static constexpr int kExpTerms = 7;  // Taylor: r^8/8! < 3e-9 for |r| ≤ log(2)/2
+};
+template <>
+struct MathConstants<double> {
+  static constexpr int kMantissa = 52;
+  static constexpr int64_t kBias = 1023, kMantissaMask = 0xfffffffffffffLL, kOneBits = 0x3ff0000000000000LL;
+  static constexpr double kSubnormalScale = 18014398509481984.0, kSubnormalShift = 54;  // 2^54
+  static constexpr double kLn2Hi = 6.93147180369123816490e-01, kLn2Lo = 1.90821492927058770002e-10;
+  static constexpr int kLogTerms = 10;  // relative error z^11/23 < 1e-18
+  static constexpr double kLog2e = 1.4426950408889634, kShifter = 6755399441055744.0;  // 1.5·2^52
+  static constexpr double kLowest = -708.39641853226408;
+  static constexpr int kExpTerms = 13;  // r^14/14! < 5e-18
+};
+
+// Natural log of x > 0 (finite), scalar or vector, to a few ulp: x = 2^e·m
+// with m in [√½, √2). float: log(1 + f), f = m − 1, by Cephes' logf
+// polynomial (no division); double: 2·atanh(s), s = (m − 1)/(m + 1),
+// |s| ≤ 0.172, by its series. x = 0 gives a finite value: callers mask it.
+template <class V, class T>
+TS_TILE_FN V log_of(V x) {
+  using C = MathConstants<T>;
+  using IV = typename IntLanes<V, T>::type;
+  auto tiny = x < std::numeric_limits<T>::min();
+  x = tiny ? x * C::kSubnormalScale : x;
+  IV bits = bitcast<IV>(x);
+  IV e = (bits >> C::kMantissa) - C::kBias;
+  V m = bitcast<V>((bits & C::kMantissaMask) | C::kOneBits);  // [1, 2)
+  auto high = m > T(1.4142135623730951);
+  m = high ? m * T(0.5) : m;
+  e = high ? e + 1 : e;
+  V ef = to_real<V, T>(e) - (tiny ? splat<V>(C::kSubnormalShift) : splat<V>(T(0)));
+  V f = m - T(1);
+  if constexpr (std::is_same<T, float>::value) {
+    V z = f * f;
+    V p = splat<V>(7.0376836292e-2f);
+    for (float c : {-1.1514610310e-1f, 1.1676998740e-1f, -1.2420140846e-1f, 1.4249322787e-1f, -1.6668057665e-1f,
+                    2.0000714765e-1f, -2.4999993993e-1f, 3.3333331174e-1f})
+      p = p * f + c;
+    V y = f * z * p + ef * -2.12194440e-4f - z * 0.5f;
+    return (f + y) + ef * 0.693359375f;
+  } else {
+    V s = f / (f + T(2));
+    V z = s * s;
+    V series = splat<V>(T(2) / T(2 * C::kLogTerms + 1));
+    for (int i = C::kLogTerms - 1; i >= 1; --i) series = series * z + T(2) / T(2 * i + 1);
+    return ef * C::kLn2Hi + (ef * C::kLn2Lo + (s * T(2) + s * z * series));
+  }
+}
+
+// e^x for x ≤ 0 (scalar or vector), to a few ulp; x below log(min normal),
+// −∞ included, gives 0 (flushed: the callers count those as underflowed).
+template <class V, class T>
+TS_TILE_FN V exp_of(V x) {
+  using C = MathConstants<T>;
+  using IV = typename IntLanes<V, T>::type;
+  auto flushed = x < C::kLowest;
+  x = flushed ? splat<V>(T(0)) : x;
+  V y = x * C::kLog2e + C::kShifter;
+  V n = y - C::kShifter;  // x/log 2 rounded to the nearest integer
+  IV ni = bitcast<IV>(y) - bitcast<IV>(splat<V>(C::kShifter));
+  V r = (x - n * C::kLn2Hi) - n * C::kLn2Lo;
+  V p = splat<V>(T(1));
+  for (int i = C::kExpTerms; i >= 1; --i) p = p * (r * (T(1) / T(i))) + T(1);
+  V two_n = bitcast<V>((ni + C::kBias) << C::kMantissa);
+  return flushed ? splat<V>(T(0)) : p * two_n;
+}
+
+// ---- per-family term arithmetic -----------------------------------------------
+// kAcc accumulators per lane, kPer prepared scalars per k, zero(c): the start.
+
+template <Family F>
+struct SumOf {
+  static constexpr int kAcc = 1, kPer = 1;
+  template <class T>
+  TS_TILE_FN static T zero(int) { return T(0); }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* s, V w) {
+    if constexpr (F == Family::Real) acc[0] += s[0] * w;
+    else if constexpr (F == Family::Count) acc[0] += s[0] * (w != 0 ? splat<V>(T(1)) : splat<V>(T(0)));
+    else acc[0] += s[0] * magnitude(w);  // abs, log
+  }
+};
+// max_abs and viterbi (a_k = e^{g_k − G} ≥ 0): max of a·|w|, zero 0.
+struct MaxOfProducts {
+  static constexpr int kAcc = 1, kPer = 1;
+  template <class T>
+  TS_TILE_FN static T zero(int) { return T(0); }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* s, V w) { acc[0] = max_keep(acc[0], s[0] * magnitude(w)); }
+};
+// max_prod: (M, m) NaN-marked when empty (as tile_arithmetic.h's MaxProdPair
+// expects), a zero weight marked NaN here, so neither enters the (max, min).
+struct SignedPair {
+  static constexpr int kAcc = 2, kPer = 2;
+  template <class T>
+  TS_TILE_FN static T zero(int c) { return MaxProdPair::zero<T>(c); }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* s, V w) {
+    MaxProdPair::update(acc, s, w == 0 ? splat<V>(std::numeric_limits<T>::quiet_NaN()) : w);
+  }
+};
+// entropy: s = (a, a·h); Z += a|w|, R += a·h·|w| − a·|w|log|w| (|w|log|w| = 0 at w = 0).
+struct EntropyPair {
+  static constexpr int kAcc = 2, kPer = 2;
+  template <class T>
+  TS_TILE_FN static T zero(int) { return T(0); }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* s, V w) {
+    V m = magnitude(w);
+    V m_log_m = m == 0 ? splat<V>(T(0)) : m * log_of<V, T>(m);
+    acc[0] += s[0] * m;
+    acc[1] += s[1] * m - s[0] * m_log_m;
+  }
+};
+// kmax: the KP best of a_k[j]·|w| (a_k descending in j), merged bitonically.
+template <int KP>
+struct TopProducts {
+  static constexpr int kAcc = KP, kPer = KP;
+  template <class T>
+  TS_TILE_FN static T zero(int) { return T(0); }
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* s, V w) { TopKMerge<KP, MaxTimes>::update(acc, s, magnitude(w)); }
+};
+
+// ---- weights of a row ------------------------------------------------------------
+
+// Stored weights w[k, n] (row stride ld).
+template <class T>
+struct StoredWeights {
+  const T* w;
+  int64_t ld;
+  template <class V>
+  TS_TILE_FN V at(int64_t k, int64_t n) const { return load<V>(w + k * ld + n); }
+  template <class V>
+  TS_TILE_FN void emit(int64_t, int64_t, V) const {}
+  T largest(int64_t K, int64_t N) const {
+    T m = 0;
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t n = 0; n < N; ++n) m = std::max(m, std::abs(w[k * ld + n]));
+    return m;
+  }
+};
+// Value differences Δ[k, n] = vT[k, n] − o[k]; with EMIT also writes
+// W[k, n] = p[n]·Δ[k, n] (row stride ldw), the GEMM's operand.
+template <class T, bool EMIT>
+struct ValueDifferences {
+  const T* vT;
+  int64_t ld;
+  const T* o;
+  const T* p;
+  T* W;
+  int64_t ldw;
+  template <class V>
+  TS_TILE_FN V at(int64_t k, int64_t n) const { return load<V>(vT + k * ld + n) - o[k]; }
+  template <class V>
+  TS_TILE_FN void emit(int64_t k, int64_t n, V x) const {
+    if constexpr (EMIT) store(W + k * ldw + n, x * load<V>(p + n));
+  }
+  T largest(int64_t K, int64_t N) const {
+    T m = 0;
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t n = 0; n < N; ++n) m = std::max(m, std::abs(vT[k * ld + n] - o[k]));
+    return m;
+  }
+};
+
+// acc (kAcc planes of stride ld) := ⊕_k s_k ⊗ w[k, n0 : n0 + NB·L]; with
+// !ACC only the weights' emission runs. With CHECK, `finite` collects w·0:
+// NaN iff a weight was ±∞ or NaN (callers that bound their weights skip it).
+template <class Op, bool ACC, bool CHECK, class T, class V, int NB, class Src>
+TS_TILE_FN void lane_block(const T* s, const Src& src, int64_t K, int64_t ld, int64_t n0, T* acc_out, V& finite) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  V acc[NB][Op::kAcc];
+  for (int b = 0; b < NB; ++b)
+    for (int c = 0; c < Op::kAcc; ++c) acc[b][c] = splat<V>(Op::template zero<T>(c));
+  for (int64_t k = 0; k < K; ++k) {
+    const T* sk = s + k * Op::kPer;
+    for (int b = 0; b < NB; ++b) {
+      V x = src.template at<V>(k, n0 + b * L);
+      if constexpr (CHECK) finite += x * T(0);
+      if constexpr (ACC) Op::update(acc[b], sk, x);
+      src.template emit<V>(k, n0 + b * L, x);
+    }
+  }
+  if constexpr (ACC)
+    for (int b = 0; b < NB; ++b)
+      for (int c = 0; c < Op::kAcc; ++c) store(acc_out + c * ld + n0 + b * L, acc[b][c]);
+}
+
+// One row over columns [0, N) into acc planes of stride ld: lane blocks of
+// 4/2/1 vectors, then scalars. Returns false when a weight was not finite.
+template <class Op, bool ACC, bool CHECK, class T, class V, class Src>
+TS_TILE_FN bool row_products(const T* s, const Src& src, int64_t K, int64_t N, T* acc_out, int64_t ld) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  constexpr int wide = Op::kAcc <= 2 ? 4 : Op::kAcc <= 4 ? 2 : 1;
+  V finite = splat<V>(T(0));
+  T finite_tail = 0;
+  int64_t n = 0;
+  for (; n + wide * L <= N; n += wide * L) lane_block<Op, ACC, CHECK, T, V, wide>(s, src, K, ld, n, acc_out, finite);
+  for (; n + L <= N; n += L) lane_block<Op, ACC, CHECK, T, V, 1>(s, src, K, ld, n, acc_out, finite);
+  for (; n < N; ++n) lane_block<Op, ACC, CHECK, T, T, 1>(s, src, K, ld, n, acc_out, finite_tail);
+  T lanes[L];
+  store(lanes, finite);
+  for (int i = 0; i < L; ++i) finite_tail += lanes[i];
+  return finite_tail == 0;
+}
+
+// out[n] = acc[n] > 0 ? G + log acc[n] : −∞.
+template <class T, class V>
+TS_TILE_FN void shifted_log(const T* acc, T G, int64_t N, T* out) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  const T ninf = -std::numeric_limits<T>::infinity();
+  int64_t n = 0;
+  for (; n + L <= N; n += L) {
+    V a = load<V>(acc + n);
+    store(out + n, a > 0 ? log_of<V, T>(a) + G : splat<V>(ninf));
+  }
+  for (; n < N; ++n) out[n] = acc[n] > 0 ? log_of<T, T>(acc[n]) + G : ninf;
+}
+
+// ---- one row: its prepared scalars, and its results --------------------------------
+
+// A row's scalars per k (kPer each), its exp-shift and what the threshold needs.
+template <class T>
+struct RowScalars {
+  T* s;             // K·kPer
+  T G = 0;          // exp-shift (0 for the linear families)
+  bool empty = false;       // no paths at all (every g is the zero): no results to check
+  bool underflows = false;  // some a_k were flushed to 0
+};
+
+// Lane-wise "any": a comparison mask (vector) or a bool (scalar).
+template <class M>
+TS_TILE_FN bool any_lane(M m) {
+  if constexpr (std::is_same<M, bool>::value) {
+    return m;
+  } else {
+    constexpr int n = sizeof(M) / sizeof(m[0]);
+    for (int i = 0; i < n; ++i)
+      if (m[i]) return true;
+    return false;
+  }
+}
+
+// Over x[0, K): the largest value (G) and whether a NaN or +∞ occurs.
+template <class T, class V>
+TS_TILE_FN void scan_scores(const T* x, int64_t K, T& G, bool& bad) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  const T inf = std::numeric_limits<T>::infinity();
+  int64_t k = 0;
+  if constexpr (L > 1) {
+    V top = splat<V>(-inf);
+    decltype(top != top) odd{};
+    for (; k + L <= K; k += L) {
+      V v = load<V>(x + k);
+      odd = odd | (v != v) | (v == inf);
+      top = max_keep(top, v);
+    }
+    bad = bad || any_lane(odd);
+    T lanes[L];
+    store(lanes, top);
+    for (int i = 0; i < L; ++i) G = std::max(G, lanes[i]);
+  }
+  for (; k < K; ++k) {
+    bad = bad || std::isnan(x[k]) || x[k] == inf;
+    G = std::max(G, x[k]);
+  }
+}
+
+// a[k] = e^{x[k] − G} (0 where flushed); `underflows`: a finite x was flushed.
+template <class T, class V>
+TS_TILE_FN void shifted_exps(const T* x, int64_t K, T G, T* a, bool& underflows) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  const T ninf = -std::numeric_limits<T>::infinity();
+  int64_t k = 0;
+  if constexpr (L > 1) {
+    V lost = splat<V>(T(0));
+    for (; k + L <= K; k += L) {
+      V v = load<V>(x + k);
+      V e = exp_of<V, T>(v - G);
+      lost = (e == 0) & (v != ninf) ? splat<V>(T(1)) : lost;
+      store(a + k, e);
+    }
+    underflows = underflows || any_lane(lost != 0);
+  }
+  for (; k < K; ++k) {
+    a[k] = exp_of<T, T>(x[k] - G);
+    underflows = underflows || (a[k] == 0 && x[k] != ninf);
+  }
+}
+
+// Reads row r's value g (C components at stride gc, K entries at stride gk)
+// into the row's scalars; scratch holds (kPer + 1)·K values. false: a value
+// outside what the loops handle.
+template <class Op, class T, class V>
+TS_TILE_FN bool prepare_row(Family family, int64_t kmax, const T* g, int64_t gc, int64_t gk, int64_t K,
+                            RowScalars<T>& row, T* scratch) {
+  constexpr int P = Op::kPer;
+  const T inf = std::numeric_limits<T>::infinity();
+  T* s = row.s;
+  row.G = 0;
+  row.empty = row.underflows = false;
+  // Component j of the row, K contiguous values (gathered when strided).
+  auto component = [&](int64_t j) -> const T* {
+    if (gk == 1) return g + j * gc;
+    T* dst = scratch + P * K;
+    for (int64_t k = 0; k < K; ++k) dst[k] = g[j * gc + k * gk];
+    return dst;
+  };
+  switch (family) {
+    case Family::Real:
+    case Family::Abs:
+    case Family::Count:
+      std::memcpy(s, component(0), K * sizeof(T));
+      return true;
+    case Family::MaxAbs: {
+      const T* x = component(0);
+      for (int64_t k = 0; k < K; ++k)
+        if (!(x[k] >= 0 && x[k] < inf)) return false;
+      std::memcpy(s, x, K * sizeof(T));
+      return true;
+    }
+    case Family::MaxProd:
+      for (int64_t k = 0; k < K; ++k) {
+        const T M = g[k * gk], m = g[gc + k * gk];
+        if (M == -inf) {  // empty: NaN drops out of (max, min)
+          s[2 * k] = s[2 * k + 1] = std::numeric_limits<T>::quiet_NaN();
+        } else {
+          if (!(std::isfinite(M) && std::isfinite(m))) return false;
+          s[2 * k] = M;
+          s[2 * k + 1] = m;
+        }
+      }
+      return true;
+    default:
+      break;
+  }
+  // Exp-shifted: entry j of k scores g[j, k] (kmax: j < kmax lists, sorted so
+  // that j = 0 holds the largest; else component 0 only).
+  const int64_t entries = family == Family::KMax ? kmax : 1;
+  T G = -inf;
+  bool bad = false;
+  scan_scores<T, V>(component(0), K, G, bad);
+  row.empty = G == -inf;
+  if (row.empty) G = 0;
+  row.G = G;
+  T* a = scratch;  // (entries, K)
+  for (int64_t j = 0; j < entries; ++j) {
+    const T* x = component(j);
+    if (j > 0) {
+      T ignored = -inf;
+      scan_scores<T, V>(x, K, ignored, bad);
+    }
+    shifted_exps<T, V>(x, K, G, a + j * K, row.underflows);
+  }
+  if (bad) return false;
+  if (family == Family::Entropy) {  // s = (a_k, a_k·h_k); h of an empty value is 0
+    const T* h = component(1);
+    for (int64_t k = 0; k < K; ++k) {
+      const T hk = g[k * gk] == -inf ? T(0) : h[k];
+      if (!std::isfinite(hk)) return false;
+      s[2 * k] = a[k];
+      s[2 * k + 1] = a[k] * hk;
+    }
+    return true;
+  }
+  if (entries < P) std::memset(s, 0, K * P * sizeof(T));
+  for (int64_t j = 0; j < entries; ++j)
+    for (int64_t k = 0; k < K; ++k) s[k * P + j] = a[j * K + k];
+  return true;
+}
+
+// The lowest exact result of a row (see the header comment): below it, recompute.
+template <class T, class Src>
+T threshold(Family family, const RowScalars<T>& row, const Src& src, int64_t K, int64_t N) {
+  const bool sums = family == Family::Log || family == Family::Entropy;
+  T t = 2 * std::numeric_limits<T>::min() * (sums ? T(K) / std::numeric_limits<T>::epsilon() : T(1));
+  if (row.underflows) t *= std::max(T(1), src.largest(K, N));
+  return t;
+}
+
+// Writes a row's results (C planes at stride `plane`) from acc (kAcc planes of
+// stride Ntot; columns [N, Ntot) hold the zero) and lists the columns to
+// recompute. A result below the threshold is exact when it is exactly empty:
+// in a row without flushed a_k, its slots beyond the number of terms that
+// exist (g_k not the zero, w ≠ 0: a_k > 0 there) are empty, the rest must
+// clear the threshold (kmax: the last such slot, they are sorted).
+template <class Op, class T, class V, class Src>
+TS_TILE_FN void finish_row(Family family, int64_t kmax, const RowScalars<T>& row, const Src& src, int64_t K,
+                           int64_t N, int64_t Ntot, const T* acc, T* out, int64_t plane, std::vector<int64_t>& redo) {
+  constexpr int kacc = Op::kAcc;
+  switch (family) {
+    case Family::Real:
+    case Family::Abs:
+    case Family::Count:
+    case Family::MaxAbs:
+    case Family::MaxProd:
+      for (int c = 0; c < kacc; ++c) std::memcpy(out + c * plane, acc + c * Ntot, Ntot * sizeof(T));
+      return;
+    default:
+      break;
+  }
+  const int64_t lists = family == Family::KMax ? kmax : 1;
+  for (int64_t c = 0; c < lists; ++c) shifted_log<T, V>(acc + c * Ntot, row.G, Ntot, out + c * plane);
+  if (family == Family::Entropy)
+    for (int64_t n = 0; n < Ntot; ++n) out[plane + n] = acc[n] > 0 ? acc[Ntot + n] / acc[n] : T(0);
+  if (row.empty) return;
+  const T limit = threshold(family, row, src, K, N);
+  for (int64_t n = 0; n < N; ++n) {
+    if (acc[(lists - 1) * Ntot + n] >= limit) continue;  // every slot clears it
+    int64_t filled = lists;
+    if (!row.underflows) {
+      filled = 0;
+      for (int64_t k = 0; k < K && filled < lists; ++k)
+        if (src.template at<T>(k, n) != 0)
+          for (int64_t j = 0; j < lists; ++j) filled += row.s[k * Op::kPer + j] > 0;
+      filled = std::min(filled, lists);
+    }
+    if (filled > 0 && acc[(filled - 1) * Ntot + n] < limit) redo.push_back(n);
+  }
+}
+
+// out ⊗= lift(p[n]) for a row's results (C planes at stride `plane`): the
+// linear families multiply (|p|, [p ≠ 0], signed pairs), the log-space ones
+// add log|p| (entropy: ℓ + log|p|, h − log|p|); p = 0 gives the zero.
+template <class T, class V>
+TS_TILE_FN void apply_factor(Family family, int64_t kmax, const T* p, int64_t N, T* out, int64_t plane, T* log_p) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  const T inf = std::numeric_limits<T>::infinity();
+  switch (family) {
+    case Family::Real:
+      for (int64_t n = 0; n < N; ++n) out[n] *= p[n];
+      return;
+    case Family::Abs:
+    case Family::MaxAbs:
+      for (int64_t n = 0; n < N; ++n) out[n] *= std::abs(p[n]);
+      return;
+    case Family::Count:
+      for (int64_t n = 0; n < N; ++n) out[n] = p[n] != 0 ? out[n] : T(0);
+      return;
+    case Family::MaxProd:
+      for (int64_t n = 0; n < N; ++n) {
+        const T M = out[n], m = out[plane + n];
+        if (p[n] == 0 || M == -inf) {
+          out[n] = -inf;
+          out[plane + n] = inf;
+        } else {
+          out[n] = std::max(M * p[n], m * p[n]);
+          out[plane + n] = std::min(M * p[n], m * p[n]);
+        }
+      }
+      return;
+    default:
+      break;
+  }
+  int64_t n = 0;
+  for (; n + L <= N; n += L) {
+    V x = magnitude(load<V>(p + n));
+    store(log_p + n, x > 0 ? log_of<V, T>(x) : splat<V>(-inf));
+  }
+  for (; n < N; ++n) log_p[n] = p[n] != 0 ? log_of<T, T>(std::abs(p[n])) : -inf;
+  const int64_t lists = family == Family::KMax ? kmax : 1;
+  for (int64_t c = 0; c < lists; ++c)
+    for (int64_t i = 0; i < N; ++i) out[c * plane + i] += log_p[i];
+  if (family == Family::Entropy)
+    for (int64_t i = 0; i < N; ++i) out[plane + i] = out[i] == -inf ? T(0) : out[plane + i] - log_p[i];
+}
+
+// ---- instruction-set dispatch -------------------------------------------------------
+// A job has `template <class Op, class T, class V> void run()`; it is compiled
+// for AVX-512, AVX2 or the baseline ISA (as cpu_gemm.cpp does) and the best
+// one the machine (and TORCH_SEMIRING_KERNEL_ISA) allows is picked.
+
+template <class Op, class T, class Job>
+__attribute__((flatten)) void run_portable(Job& job) {
+  job.template run<Op, T, typename VecOf<T, 16>::type>();
+}
+#if defined(__x86_64__) || defined(__i386__)
+template <class Op, class T, class Job>
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void run_avx512(Job& job) {
+  job.template run<Op, T, typename VecOf<T, 64>::type>();
+}
+template <class Op, class T, class Job>
+__attribute__((target("avx2,fma"), flatten)) void run_avx2(Job& job) {
+  job.template run<Op, T, typename VecOf<T, 32>::type>();
+}
+#endif
+
+template <class Op, class T, class Job>
+void run_isa(Job& job) {
+  const std::string isa = kernel_isa();
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa == "avx512") return run_avx512<Op, T>(job);
+  if (isa == "avx2") return run_avx2<Op, T>(job);
+#endif
+  run_portable<Op, T>(job);
+}
+
+template <class T, class Job>
+void run_family(Family family, int64_t k, Job& job) {
+  switch (family) {
+    case Family::Real: return run_isa<SumOf<Family::Real>, T>(job);
+    case Family::Abs:
+    case Family::Log: return run_isa<SumOf<Family::Abs>, T>(job);
+    case Family::Count: return run_isa<SumOf<Family::Count>, T>(job);
+    case Family::MaxAbs:
+    case Family::Viterbi: return run_isa<MaxOfProducts, T>(job);
+    case Family::MaxProd: return run_isa<SignedPair, T>(job);
+    case Family::Entropy: return run_isa<EntropyPair, T>(job);
+    case Family::KMax:
+      if (k <= 2) return run_isa<TopProducts<2>, T>(job);
+      if (k <= 4) return run_isa<TopProducts<4>, T>(job);
+      return run_isa<TopProducts<8>, T>(job);
+  }
+}
+
+// Entries (row, column) below their threshold, recomputed by the semiring's
+// matmul: g_rows (C, F, K) values, w_cols (F, K) their weights.
+Tensor exact_products(const Semiring& sr, const Tensor& g_rows, const Tensor& w_cols) {
+  return sr.matmul(g_rows.unsqueeze(-2), w_cols.unsqueeze(-1)).reshape({g_rows.size(0), -1});
+}
+
+Tensor long_tensor(const std::vector<int64_t>& v, const Tensor& like) {
+  return at::tensor(v, like.options().dtype(at::kLong));
+}
+
+// ---- the row products alone -------------------------------------------------------
+
+template <class T>
+struct RowProductsJob {
+  Family family;
+  int64_t kmax, C, R, K, N;
+  const T* g;
+  int64_t gc, gr, gk;
+  const T* w;  // contiguous (R, K, N)
+  T* out;      // contiguous (C, R, N)
+  std::vector<int64_t> redo;  // r·N + n
+  bool declined = false;
+
+  template <class Op, class TT, class V>
+  TS_TILE_FN void run() {
+    std::vector<T> s(K * Op::kPer), acc(Op::kAcc * N), scratch((Op::kPer + 1) * K);
+    std::vector<int64_t> cols;
+    RowScalars<T> row{s.data()};
+    for (int64_t r = 0; r < R && !declined; ++r) {
+      StoredWeights<T> src{w + r * K * N, N};
+      if (!prepare_row<Op, T, V>(family, kmax, g + r * gr, gc, gk, K, row, scratch.data()) ||
+          !row_products<Op, true, true, T, V>(s.data(), src, K, N, acc.data(), N)) {
+        declined = true;
+        return;
+      }
+      cols.clear();
+      finish_row<Op, T, V>(family, kmax, row, src, K, N, N, acc.data(), out + r * N, R * N, cols);
+      for (auto n : cols) redo.push_back(r * N + n);
+    }
+  }
+};
+
+// ---- the fused blocks ------------------------------------------------------------
+
+template <class T>
+struct ValueBlocksJob {
+  Family family;
+  int64_t kmax, C, BH, R, T_, S, D, E;
+  bool causal, need_x, need_q;
+  const T* g;   // contiguous (C, BH, R, D)
+  const T* vT;  // contiguous (BH, D, S)
+  const T* o;   // contiguous (BH, R, D)
+  const T* P;   // contiguous (BH, R, S)
+  Tensor k;     // contiguous (BH, S, E)
+  T* X;         // contiguous (C, BH, R, S)
+  T* Q;         // contiguous (C, BH, R, E)
+  int64_t block_rows;
+  const Semiring* sr;
+  Tensor g_tensor, Q_tensor;          // for the exact recomputation of Q entries
+  std::vector<int64_t> redo_x;        // (bh·R + r)·S + s: Y recomputed there, then ⊗ lift(P)
+  bool declined = false;
+
+  template <class Op, class TT, class V>
+  TS_TILE_FN void run() {
+    const int64_t Kp = D * Op::kPer;
+    std::vector<T> scalars(block_rows * Kp), acc(Op::kAcc * std::max(S, E)), scratch((Op::kPer + 1) * D), log_p(S);
+    std::vector<RowScalars<T>> rows(block_rows);
+    for (int64_t i = 0; i < block_rows; ++i) rows[i].s = scalars.data() + i * Kp;
+    auto W = at::empty({block_rows * D * S}, k.options());
+    auto J = at::empty({block_rows * D * E}, k.options());
+    std::vector<int64_t> cols, redo_q;
+    const int64_t group = R / T_;
+    for (int64_t bh = 0; bh < BH; ++bh)
+      for (int64_t member = 0; member < group; ++member)
+        for (int64_t t0 = 0; t0 < T_; t0 += block_rows) {
+          const int64_t rows_here = std::min(block_rows, T_ - t0);
+          const int64_t keys = causal ? std::min(S, t0 + rows_here) : S;
+          const int64_t r0 = member * T_ + t0;
+          T* Wp = W.data_ptr<T>();
+          // Pass 1: the rows' scalars; X = Y ⊗ lift(P) with Δ on the fly, emitting W.
+          for (int64_t i = 0; i < rows_here; ++i) {
+            const int64_t r = r0 + i;
+            const T* g_row = g + (bh * R + r) * D;
+            if (!prepare_row<Op, T, V>(family, kmax, g_row, BH * R * D, 1, D, rows[i], scratch.data())) {
+              declined = true;
+              return;
+            }
+            const T* o_row = o + (bh * R + r) * D;
+            const T* p_row = P + (bh * R + r) * S;
+            ValueDifferences<T, false> deltas{vT + bh * D * S, S, o_row, p_row, nullptr, 0};
+            ValueDifferences<T, true> emitting{vT + bh * D * S, S, o_row, p_row, Wp + i * D * keys, keys};
+            if (!need_x) {
+              row_products<Op, false, false, T, V>(rows[i].s, emitting, D, keys, acc.data(), S);
+              continue;
+            }
+            if (need_q) row_products<Op, true, false, T, V>(rows[i].s, emitting, D, keys, acc.data(), S);
+            else row_products<Op, true, false, T, V>(rows[i].s, deltas, D, keys, acc.data(), S);
+            for (int c = 0; c < Op::kAcc; ++c)  // keys after a causal block: the zero
+              for (int64_t n = keys; n < S; ++n) acc[c * S + n] = Op::template zero<T>(c);
+            T* x_row = X + (bh * R + r) * S;
+            cols.clear();
+            finish_row<Op, T, V>(family, kmax, rows[i], deltas, D, keys, S, acc.data(), x_row, BH * R * S, cols);
+            apply_factor<T, V>(family, kmax, p_row, S, x_row, BH * R * S, log_p.data());
+            for (auto n : cols) redo_x.push_back((bh * R + r) * S + n);
+          }
+          if (!need_q) continue;
+          // J = W K for the block's rows: (rows·D × keys) @ (keys × E).
+          auto Wb = W.narrow(0, 0, rows_here * D * keys).view({rows_here * D, keys});
+          auto Jb = J.narrow(0, 0, rows_here * D * E).view({rows_here * D, E});
+          at::mm_out(Jb, Wb, k[bh].narrow(0, 0, keys));
+          const T* Jp = J.data_ptr<T>();
+          // Pass 2: Q's row products over the block's J.
+          redo_q.clear();
+          for (int64_t i = 0; i < rows_here; ++i) {
+            const int64_t r = r0 + i;
+            StoredWeights<T> src{Jp + i * D * E, E};
+            if (!row_products<Op, true, false, T, V>(rows[i].s, src, D, E, acc.data(), E)) {
+              declined = true;
+              return;
+            }
+            cols.clear();
+            finish_row<Op, T, V>(family, kmax, rows[i], src, D, E, E, acc.data(), Q + (bh * R + r) * E,
+                             BH * R * E, cols);
+            for (auto n : cols) redo_q.push_back(i * E + n);
+          }
+          if (!redo_q.empty()) {  // while the block's J exists
+            auto flat = long_tensor(redo_q, k);
+            auto local = flat.div(E, "floor"), cols_e = flat.remainder(E);
+            auto Jv = Jb.view({rows_here, D, E});
+            auto g_rows = g_tensor.select(1, bh).index_select(1, local + r0);  // (C, F, D)
+            auto exact = exact_products(*sr, g_rows, Jv.index({local, at::indexing::Slice(), cols_e}));
+            Q_tensor.select(1, bh).narrow(1, r0, rows_here).view({C, rows_here * E}).index_copy_(1, flat, exact);
+          }
+        }
+  }
+};
+
+}  // namespace
+
+Tensor attention_row_products(const Semiring& sr, const Tensor& g, const Tensor& w) {
+  Family family;
+  int64_t k;
+  if (!family_of(sr, family, k) || !kernel_dtype(g, w) || g.dim() != 3 || w.dim() != 3) return {};
+  const int64_t C = g.size(0), R = g.size(1), K = g.size(2), N = w.size(2);
+  if (w.size(0) != R || w.size(1) != K || C != sr.components() || R == 0 || K == 0 || N == 0) return {};
+  auto weights = w.contiguous();
+  auto out = at::empty({C, R, N}, g.options());
+  std::vector<int64_t> redo;
+  bool declined = false;
+  AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "attention_row_products", [&] {
+    RowProductsJob<scalar_t> job{family, k, C, R, K, N, g.data_ptr<scalar_t>(), g.stride(0), g.stride(1),
+                                 g.stride(2), weights.data_ptr<scalar_t>(), out.data_ptr<scalar_t>()};
+    run_family<scalar_t>(family, k, job);
+    declined = job.declined;
+    redo = std::move(job.redo);
+  });
+  if (declined) return {};
+  count_kernel_call();
+  if (!redo.empty()) {
+    auto flat = long_tensor(redo, g);
+    auto rows = flat.div(N, "floor"), cols = flat.remainder(N);
+    auto exact = exact_products(sr, g.index_select(1, rows), weights.index({rows, at::indexing::Slice(), cols}));
+    out.view({C, R * N}).index_copy_(1, flat, exact);
+  }
+  return out;
+}
+
+bool attention_value_blocks(const Semiring& sr, const Tensor& g, const Tensor& v, const Tensor& out, const Tensor& P,
+                            const Tensor& k, int64_t T, bool causal, bool need_x, bool need_q, int64_t block_elements,
+                            Tensor& X, Tensor& Q) {
+  Family family;
+  int64_t kmax;
+  if (!family_of(sr, family, kmax) || (!need_x && !need_q)) return false;
+  if (g.dim() != 5 || v.dim() != 4 || !kernel_dtype(g, v)) return false;
+  for (const auto* t : {&out, &P, &k})
+    if (t->scalar_type() != g.scalar_type() || !t->device().is_cpu() || (t->requires_grad() && at::GradMode::is_enabled()))
+      return false;
+  const int64_t C = g.size(0), B = g.size(1), Hkv = g.size(2), R = g.size(3), D = g.size(4);
+  const int64_t S = v.size(2), E = k.size(3), BH = B * Hkv;
+  if (C != sr.components() || BH == 0 || R == 0 || D == 0 || S == 0 || E == 0 || T <= 0 || R % T != 0) return false;
+  // Bounded weights, so the loops need no check per term: |Δ| ≤ max|v| + max|out|,
+  // |W| ≤ max P·|Δ| and |J| ≤ S·max|W|·max|k|, all finite.
+  const double largest = g.scalar_type() == at::kFloat ? std::numeric_limits<float>::max()
+                                                       : std::numeric_limits<double>::max();
+  auto peak = [](const Tensor& t) { return t.abs().max().item<double>(); };  // NaN propagates
+  const double W_max = (peak(v) + peak(out)) * std::max(1.0, peak(P));
+  if (!(std::isfinite(W_max) && W_max * std::max(1.0, double(S) * peak(k)) < 0.25 * largest)) return false;
+  auto gc = g.contiguous();
+  auto vT = v.transpose(-1, -2).contiguous();
+  auto oc = out.contiguous(), Pc = P.contiguous();
+  auto kc = k.reshape({BH, S, E}).contiguous();
+  if (need_x) X = at::empty({C, B, Hkv, R, S}, g.options());
+  if (need_q) Q = at::empty({C, B, Hkv, R, E}, g.options());
+  const int64_t block_rows = std::max<int64_t>(1, std::min<int64_t>(T, block_elements / (D * S)));
+  std::vector<int64_t> redo_x;
+  bool declined = false;
+  AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "attention_value_blocks", [&] {
+    ValueBlocksJob<scalar_t> job{family, kmax, C, BH, R, T, S, D, E, causal, need_x, need_q,
+                                 gc.data_ptr<scalar_t>(), vT.data_ptr<scalar_t>(), oc.data_ptr<scalar_t>(),
+                                 Pc.data_ptr<scalar_t>(), kc,
+                                 need_x ? X.data_ptr<scalar_t>() : nullptr, need_q ? Q.data_ptr<scalar_t>() : nullptr,
+                                 block_rows, &sr, gc.view({C, BH, R, D}), need_q ? Q.view({C, BH, R, E}) : Tensor()};
+    run_family<scalar_t>(family, kmax, job);
+    declined = job.declined;
+    redo_x = std::move(job.redo_x);
+  });
+  if (declined) {
+    X = Tensor();
+    Q = Tensor();
+    return false;
+  }
+  count_kernel_call();
+  if (!redo_x.empty()) {  // Y entries near underflow: the semiring's exact product on Δ formed for just those
+    auto flat = long_tensor(redo_x, g);
+    auto s = flat.remainder(S), row = flat.div(S, "floor");
+    auto bh = row.div(R, "floor"), r = row.remainder(R);
+    auto delta = vT.view({BH, D, S}).index({bh, at::indexing::Slice(), s}) - oc.view({BH, R, D}).index({bh, r});
+    auto g_rows = gc.view({C, BH, R, D}).index({at::indexing::Slice(), bh, r});  // (C, F, D)
+    auto exact = sr.otimes_edge(exact_products(sr, g_rows, delta), Pc.view({BH, R, S}).index({bh, r, s}));
+    X.view({C, BH * R * S}).index_copy_(1, flat, exact);
+  }
+  return true;
+}
+
+}  // namespace kernels
+}  // namespace torch_semiring

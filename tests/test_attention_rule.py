@@ -1,0 +1,260 @@
+"""The fused CPU attention rule (ScaledDotProductFlashAttentionForCpuBackward0)
+against the explicit-graph reference, in every semiring, float64.
+
+Small random problems are drawn by hypothesis: grouped-query heads (group 1,
+2, 4), causal attention, bool and float masks (with fully masked rows, where
+the CPU kernel gives out = 0 and no edges), a given scale, T ≠ S, values with
+ties and exact zeros, output weights with zeros and subnormals. The CPU fused
+kernel requires one head dim for query, key and value (torch sends D ≠ E to
+the math path, checked below), so D = E here. Larger problems run in small
+blocks of query rows (TORCH_SEMIRING_ATTENTION_BLOCK) to cover the blocked and
+causal-cut paths of the rule.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import torch_semiring as ts
+from reference import SEMIRING_NAMES, reference_values
+from test_reference import assert_values_equal
+
+D = torch.float64
+NODE = "ScaledDotProductFlashAttentionForCpuBackward0"
+MASKS = ("none", "causal", "bool", "float", "bool_row_masked", "float_row_masked")
+
+
+def _tensor(shape, gen, ties):
+    if ties:  # few distinct values: repeated keys/values, exact zeros
+        return torch.randint(-2, 3, shape, generator=gen).to(D) * 0.5
+    return torch.randn(shape, generator=gen, dtype=D)
+
+
+def attention_case(batch, kv_heads, group, T, S, E, *, mask="none", scale=None, ties=False, seed=0,
+                   tiny_weights=False, zero_value_column=False, weight_scale=1.0, dtype=D):
+    """SDPA outputs (each element weighted, some weights 0) and the inputs q, k, v."""
+    gen = torch.Generator().manual_seed(seed)
+    H = kv_heads * group
+    q = _tensor((batch, H, T, E), gen, ties)
+    k = _tensor((batch, kv_heads, S, E), gen, ties)
+    v = _tensor((batch, kv_heads, S, E), gen, ties)
+    if zero_value_column:  # Δ = v − out = 0 in that column: no edges through it
+        v[..., 0] = 0.0
+    q, k, v = (t.to(dtype).requires_grad_() for t in (q, k, v))
+    kwargs = {"scale": scale, "enable_gqa": group > 1}
+    if mask == "causal":
+        kwargs["is_causal"] = True
+    elif mask != "none":
+        keep = torch.rand((T, S), generator=gen) > 0.3
+        if mask.endswith("row_masked"):
+            keep[T // 2] = False
+        kwargs["attn_mask"] = keep if mask.startswith("bool") else torch.where(
+            keep, torch.randn((T, S), generator=gen, dtype=D), -math.inf).to(dtype)
+    out = F.scaled_dot_product_attention(q, k, v, **kwargs)
+    assert out.grad_fn.name() == NODE, out.grad_fn.name()
+    weights = torch.randn(out.numel(), generator=gen, dtype=D)
+    weights[torch.rand(out.numel(), generator=gen) < 0.15] = 0.0
+    if tiny_weights:  # exp-shifts that underflow: ~740 nats between the values of a query row
+        weights[torch.rand(out.numel(), generator=gen) < 0.5] = 1e-322
+    return [out.reshape(-1) * (weights * weight_scale).to(dtype)], [q, k, v]
+
+
+def check(semiring, outputs, inputs, expected=None):
+    params = {"k": 3} if semiring == "kmax" else {}
+    if expected is None:
+        expected = reference_values(outputs, inputs, semiring, k=3)
+    actual = ts.grad(outputs, inputs, semiring=semiring, allow_unused=True, retain_graph=True, **params)
+    for name, a, e in zip("qkv", actual, expected):
+        assert a is not None
+        assert_values_equal(a, e, semiring, f"{semiring}/{name}")
+
+
+problems = st.fixed_dictionaries({
+    "batch": st.integers(1, 2),
+    "kv_heads": st.integers(1, 2),
+    "group": st.sampled_from([1, 2, 4]),
+    "T": st.integers(1, 4),
+    "S": st.integers(1, 5),
+    "E": st.integers(1, 3),
+    "mask": st.sampled_from(MASKS),
+    "scale": st.sampled_from([None, 0.7, 2.5]),
+    "ties": st.booleans(),
+    "seed": st.integers(0, 2**16),
+})
+
+
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True)
+@given(problem=problems)
+def test_random_problems_match_reference(semiring, problem):
+    if problem["batch"] * problem["kv_heads"] * problem["group"] > 4:
+        problem["batch"] = 1
+    check(semiring, *attention_case(**problem))
+
+
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+@pytest.mark.parametrize("mask", ["causal", "bool_row_masked", "float"])
+def test_larger_problem_in_blocks(semiring, mask, monkeypatch):
+    # 16 queries and keys, head dim 8, 2 query heads per key/value head; blocks of
+    # one or two query rows, so causal blocks see only their first keys.
+    monkeypatch.setenv("TORCH_SEMIRING_ATTENTION_BLOCK", "300")
+    check(semiring, *attention_case(1, 1, 2, 16, 16, 8, mask=mask, seed=5))
+
+
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+@pytest.mark.parametrize("ties", [False, True])
+def test_underflowing_exp_shift_is_recomputed_exactly(semiring, ties):
+    # Half the output weights are 1e-322: within a query row the values arriving
+    # differ by ~740 nats, so the row products' exp-shift underflows; where the
+    # strong values meet a zero value difference only the tiny ones remain.
+    case = dict(ties=ties, seed=11, tiny_weights=True, zero_value_column=True)
+    outputs, inputs = attention_case(1, 1, 2, 4, 5, 3, **case)
+    expected = None
+    if semiring == "entropy":
+        # The reference DP carries entropy in linear space, where 1e-322 underflows.
+        # Every path passes one output weight, so scaling them all by 1e150 leaves
+        # each path distribution — and its entropy — unchanged, and in range.
+        scaled = attention_case(1, 1, 2, 4, 5, 3, weight_scale=1e150, **case)
+        expected = reference_values(*scaled, "entropy")
+    check(semiring, outputs, inputs, expected)
+
+
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+def test_only_underflowing_values_reach_the_keys(semiring):
+    # One query per head: its strong output value (d = 0, weight 1) meets only zero
+    # value differences (v[:, 0] = 0), so every key receives just the 1e-322-weighted
+    # ones, which the exp-shift flushes: all of Y (and Q) is recomputed exactly.
+    gen = torch.Generator().manual_seed(23)
+    q, k, v = (torch.randn(1, 2, n, 3, generator=gen, dtype=D) for n in (1, 4, 4))
+    v[..., 0] = 0.0
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v)
+    weights = torch.full(out.shape, 1e-322, dtype=D)
+    weights[..., 0] = 1.0
+    weights[0, 1, 0, 2] = 2e-322
+    outputs, inputs = [(out * weights).reshape(-1)], [q, k, v]
+    expected = None
+    if semiring == "entropy":  # as above: the same path distributions, in the reference's range
+        expected = reference_values([(out * (weights * 1e150)).reshape(-1)], inputs, "entropy")
+    check(semiring, outputs, inputs, expected)
+
+
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+@pytest.mark.parametrize("mask", ["bool_row_masked", "float_row_masked"])
+def test_fully_masked_rows_have_no_edges(semiring, mask):
+    outputs, inputs = attention_case(1, 2, 1, 3, 4, 2, mask=mask, seed=3)
+    check(semiring, outputs, inputs)
+    (gq, _, _) = ts.grad(outputs, inputs, semiring="count", retain_graph=True)
+    assert torch.all(gq[:, :, 1] == 0)  # the masked query row t = 1 reaches nothing
+
+
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+def test_wide_rows_match_reference(semiring):
+    # 33 keys and head dim 33: the loops' widest lane blocks (4 vectors of 8
+    # doubles with AVX-512) plus a one-column tail, for Y and for Q.
+    check(semiring, *attention_case(1, 1, 1, 2, 33, 33, seed=31))
+
+
+@pytest.mark.parametrize("semiring", ["viterbi", "log", "entropy", "max_prod", "kmax", "count"])
+@pytest.mark.parametrize("isa", ["avx2", "portable"])
+def test_every_instruction_set_matches_reference(semiring, isa, monkeypatch):
+    monkeypatch.setenv("TORCH_SEMIRING_KERNEL_ISA", isa)
+    check(semiring, *attention_case(1, 1, 2, 3, 11, 9, mask="causal", seed=29))
+
+
+def test_kmax_beyond_the_loops_takes_the_semiring_matmul():
+    outputs, inputs = attention_case(1, 1, 2, 3, 4, 2, mask="bool", seed=37)
+    expected = reference_values(outputs, inputs, "kmax", k=10)
+    actual = ts.grad(outputs, inputs, semiring="kmax", k=10, retain_graph=True)
+    for name, a, e in zip("qkv", actual, expected):
+        assert_values_equal(a, e, "kmax", f"kmax(10)/{name}")
+
+
+def test_value_head_dim_differs_from_query_goes_elsewhere():
+    # The fused CPU kernel needs one head dim; torch routes D ≠ E to the math path.
+    q, k, v = torch.randn(1, 2, 3, 4, dtype=D), torch.randn(1, 2, 5, 4, dtype=D), torch.randn(1, 2, 5, 2, dtype=D)
+    out = F.scaled_dot_product_attention(q.requires_grad_(), k, v)
+    assert out.grad_fn.name() != NODE
+
+
+def test_paths_through_the_node_match_viterbi():
+    # Provenance values take the semiring's generic products (no dedicated loop).
+    outputs, inputs = attention_case(1, 1, 2, 3, 4, 2, mask="causal", seed=7)
+    total = outputs[0].sum()
+    best = ts.top_paths(total, inputs, semiring="viterbi", k=1)[0]
+    values = ts.grad(total, inputs, semiring="viterbi", retain_graph=True)
+    assert math.isclose(best.value, max(float(v.max()) for v in values), rel_tol=1e-12)
+
+
+class PythonMaxPlus:
+    """viterbi in Python: forces the rule's generic route (the semiring's matmul)."""
+
+    name = "py_viterbi"
+    components = 1
+
+    def zero(self, shape, like):
+        return torch.full((1, *shape), -math.inf, dtype=like.dtype)
+
+    def one(self, shape, like):
+        return torch.zeros((1, *shape), dtype=like.dtype)
+
+    def lift(self, w):
+        return w.abs().log().unsqueeze(0)
+
+    def otimes(self, a, b):
+        return a + b
+
+    def oplus(self, a, b):
+        return torch.maximum(a, b)
+
+    def oplus_reduce(self, v, dims, keepdim):
+        return v.amax(dim=dims, keepdim=keepdim) if dims else v
+
+    def readout(self, v):
+        return v[0]
+
+
+@pytest.mark.parametrize("mask", ["none", "causal", "bool_row_masked"])
+def test_generic_route_matches_reference(mask):
+    outputs, inputs = attention_case(2, 1, 2, 3, 4, 2, mask=mask, ties=True, seed=13)
+    expected = reference_values(outputs, inputs, "viterbi")
+    actual = ts.grad(outputs, inputs, semiring=PythonMaxPlus(), retain_graph=True)
+    for a, e in zip(actual, expected):
+        assert_values_equal(a, e, "viterbi", f"python semiring/{mask}")
+
+
+@pytest.mark.parametrize("case", ["causal", "underflowing"])
+def test_product_semiring_equals_separate_runs(case):
+    # A product semiring takes the rule's ATen route: row products per part.
+    if case == "causal":
+        outputs, inputs = attention_case(1, 2, 2, 4, 4, 3, mask="causal", seed=17)
+    else:
+        outputs, inputs = attention_case(1, 1, 2, 4, 5, 3, seed=11, tiny_weights=True, zero_value_column=True)
+    names = ("viterbi", "entropy", "max_prod", "kmax", "log", "count")
+    together = ts.grad(outputs, inputs, semiring=names, k=2, retain_graph=True)
+    for name, got in zip(names, together):
+        params = {"k": 2} if name == "kmax" else {}
+        alone = ts.grad(outputs, inputs, semiring=name, retain_graph=True, **params)
+        for a, b in zip(got, alone):
+            assert_values_equal(a, b, name, f"product/{name}")
+
+
+@pytest.mark.parametrize("semiring", ["viterbi", "max_abs", "log", "entropy", "max_prod", "kmax", "abs", "count"])
+@pytest.mark.parametrize("size", ["small", "wide"])
+def test_float32_agrees_with_float64(semiring, size):
+    # "wide": 65 keys and head dim 65, the float loops' widest lane blocks
+    # (4 vectors of 16 floats) plus a tail, against the float64 loops.
+    shape = (1, 2, 2, 5, 6, 4) if size == "small" else (1, 1, 2, 3, 65, 65)
+    params = {"k": 3} if semiring == "kmax" else {}
+    results = []
+    for dtype in (torch.float32, D):
+        outputs, inputs = attention_case(*shape, mask="causal", seed=19, dtype=dtype)
+        results.append(ts.grad(outputs, inputs, semiring=semiring, **params))
+    for a, b in zip(*results):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, equal_nan=True)
