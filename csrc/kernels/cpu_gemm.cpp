@@ -107,7 +107,8 @@ struct Job {
   const T* bpack;        // panel-major: panel p, then k, then NR lanes
   T* c;
   int64_t c_c;
-  int32_t* idx;  // argmax (M, N) or nullptr
+  int32_t* idx;  // argmax (M, N) per component, or nullptr
+  int64_t i_c;   // component stride of idx
   T* apack;
 };
 
@@ -136,18 +137,31 @@ TS_TILE_FN void store(T* p, V v) {
   std::memcpy(p, &v, sizeof(V));
 }
 
+// One term with argmax bookkeeping: argmax_update for the one-component
+// products (the index is k), the Op's own update_arg for the pairs of
+// max_prod and kmax's lists (an index per component, see tile_arithmetic.h).
+template <class Op, class V, class IV, class T, class I>
+TS_TILE_FN void update_with_arg(V* acc, IV* arg, const T* a, V b, I k) {
+  if constexpr (Op::kComponents == 1) {
+    argmax_update<Op>(acc[0], arg[0], a[0], b, IV{} + k);
+  } else {
+    Op::update_arg(acc, arg, a, b, k);
+  }
+}
+
 // acc (MR × NR per component) ⊕= ⊕_k A[:, k] ⊗ B[k, :] over kc steps.
 // c: the tile in the output (ldc = row stride, cc = component stride), read
-// back unless `first`; ix likewise for the argmax. A is packed in strips of
-// PACKED >= MR rows (an edge kernel reads the first MR rows of a strip).
+// back unless `first`; ix likewise for the argmax (ic = its component
+// stride). A is packed in strips of PACKED >= MR rows (an edge kernel reads
+// the first MR rows of a strip).
 template <class Op, class T, class V, int MR, int NV, bool ARG, int PACKED = MR>
 TS_TILE_FN void micro_kernel(int64_t kc, int64_t k0, const T* ap, const T* bp, T* c, int64_t ldc, int64_t cc,
-                             int32_t* ix, int64_t ldi, bool first) {
+                             int32_t* ix, int64_t ldi, int64_t ic, bool first) {
   constexpr int L = sizeof(V) / sizeof(T), C = Op::kComponents, NR = NV * L;
   using I = typename IndexLane<T>::type;
   using IV = typename VecOf<I, sizeof(V)>::type;
   V acc[MR][NV][C];
-  IV arg[MR][NV];
+  IV arg[MR][NV][ARG ? C : 1];
   _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
     _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
       _Pragma("GCC unroll 2") for (int q = 0; q < C; ++q) {
@@ -158,10 +172,12 @@ TS_TILE_FN void micro_kernel(int64_t kc, int64_t k0, const T* ap, const T* bp, T
         }
       }
       if constexpr (ARG) {
-        if (first) {
-          arg[i][j] = IV{} - 1;
-        } else {
-          for (int l = 0; l < L; ++l) arg[i][j][l] = ix[i * ldi + j * L + l];
+        _Pragma("GCC unroll 8") for (int q = 0; q < C; ++q) {
+          if (first) {
+            arg[i][j][q] = IV{} - 1;
+          } else {
+            for (int l = 0; l < L; ++l) arg[i][j][q][l] = ix[q * ic + i * ldi + j * L + l];
+          }
         }
       }
     }
@@ -171,11 +187,11 @@ TS_TILE_FN void micro_kernel(int64_t kc, int64_t k0, const T* ap, const T* bp, T
     _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) b[j] = load<V>(bp + k * NR + j * L);
     const T* a = ap + k * PACKED * C;
     if constexpr (ARG) {
-      const IV kv = IV{} + I(k0 + k);
+      const I kk = I(k0 + k);
       _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
           // strict >: ties → smallest k (the same function as the CUDA kernel's)
-          argmax_update<Op>(acc[i][j][0], arg[i][j], a[i], b[j], kv);
+          update_with_arg<Op>(acc[i][j], arg[i][j], a + i * C, b[j], kk);
         }
       }
     } else {
@@ -188,7 +204,8 @@ TS_TILE_FN void micro_kernel(int64_t kc, int64_t k0, const T* ap, const T* bp, T
     _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
       _Pragma("GCC unroll 2") for (int q = 0; q < C; ++q) store(c + q * cc + i * ldc + j * L, acc[i][j][q]);
       if constexpr (ARG)
-        for (int l = 0; l < L; ++l) ix[i * ldi + j * L + l] = int32_t(arg[i][j][l]);
+        for (int q = 0; q < C; ++q)
+          for (int l = 0; l < L; ++l) ix[q * ic + i * ldi + j * L + l] = int32_t(arg[i][j][q][l]);
     }
   }
 }
@@ -228,10 +245,10 @@ TS_TILE_FN bool pack_a_strip(const Job<T>& J, int64_t r0, int64_t k0, int64_t kc
 // on a scratch tile whose valid part is copied.
 template <class Op, class T, class V, int MR, int NV, bool ARG, int PACKED>
 TS_TILE_FN void edge_tile(int64_t kc, int64_t k0, const T* ap, const T* bp, T* c, int64_t N, int64_t cc, int32_t* ix,
-                          bool first, int64_t mv, int64_t nv, T* tile, int32_t* tile_ix) {
+                          int64_t ic, bool first, int64_t mv, int64_t nv, T* tile, int32_t* tile_ix) {
   constexpr int L = sizeof(V) / sizeof(T), C = Op::kComponents, NR = NV * L;
   if (mv == MR && nv == NR) {
-    micro_kernel<Op, T, V, MR, NV, ARG, PACKED>(kc, k0, ap, bp, c, N, cc, ix, N, first);
+    micro_kernel<Op, T, V, MR, NV, ARG, PACKED>(kc, k0, ap, bp, c, N, cc, ix, N, ic, first);
     return;
   }
   if (!first) {
@@ -239,16 +256,18 @@ TS_TILE_FN void edge_tile(int64_t kc, int64_t k0, const T* ap, const T* bp, T* c
       for (int64_t i = 0; i < mv; ++i)
         for (int64_t n = 0; n < nv; ++n) tile[(q * MR + i) * NR + n] = c[q * cc + i * N + n];
     if (ARG)
-      for (int64_t i = 0; i < mv; ++i)
-        for (int64_t n = 0; n < nv; ++n) tile_ix[i * NR + n] = ix[i * N + n];
+      for (int q = 0; q < C; ++q)
+        for (int64_t i = 0; i < mv; ++i)
+          for (int64_t n = 0; n < nv; ++n) tile_ix[(q * MR + i) * NR + n] = ix[q * ic + i * N + n];
   }
-  micro_kernel<Op, T, V, MR, NV, ARG, PACKED>(kc, k0, ap, bp, tile, NR, MR * NR, tile_ix, NR, first);
+  micro_kernel<Op, T, V, MR, NV, ARG, PACKED>(kc, k0, ap, bp, tile, NR, MR * NR, tile_ix, NR, MR * NR, first);
   for (int q = 0; q < C; ++q)
     for (int64_t i = 0; i < mv; ++i)
       for (int64_t n = 0; n < nv; ++n) c[q * cc + i * N + n] = tile[(q * MR + i) * NR + n];
   if (ARG)
-    for (int64_t i = 0; i < mv; ++i)
-      for (int64_t n = 0; n < nv; ++n) ix[i * N + n] = tile_ix[i * NR + n];
+    for (int q = 0; q < C; ++q)
+      for (int64_t i = 0; i < mv; ++i)
+        for (int64_t n = 0; n < nv; ++n) ix[q * ic + i * N + n] = tile_ix[(q * MR + i) * NR + n];
 }
 
 // The heights of the edge kernels for the last, partial strip of rows: a
@@ -269,7 +288,7 @@ TS_TILE_FN bool run_job(const Job<T>& J) {
   const int64_t panels = (N + NR - 1) / NR;
 
   alignas(64) T tile[C * MR * NR];
-  alignas(64) int32_t tile_ix[ARG ? MR * NR : 1];
+  alignas(64) int32_t tile_ix[ARG ? C * MR * NR : 1];
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t kc = std::min(KC, K - k0);
     const bool first = k0 == 0;
@@ -287,13 +306,16 @@ TS_TILE_FN bool run_job(const Job<T>& J) {
           T* c = J.c + r0 * N + n0;
           int32_t* ix = J.idx ? J.idx + r0 * N + n0 : nullptr;
           if (nv == NR && mv == MR) {
-            micro_kernel<Op, T, V, MR, NV, ARG>(kc, k0, ap, bp, c, N, J.c_c, ix, N, first);
+            micro_kernel<Op, T, V, MR, NV, ARG>(kc, k0, ap, bp, c, N, J.c_c, ix, N, J.i_c, first);
           } else if (mv <= kEdge1) {  // the last rows of M: a kernel that wastes fewer rows
-            edge_tile<Op, T, V, kEdge1, NV, ARG, MR>(kc, k0, ap, bp, c, N, J.c_c, ix, first, mv, nv, tile, tile_ix);
+            edge_tile<Op, T, V, kEdge1, NV, ARG, MR>(kc, k0, ap, bp, c, N, J.c_c, ix, J.i_c, first, mv, nv, tile,
+                                                     tile_ix);
           } else if (mv <= kEdge2) {
-            edge_tile<Op, T, V, kEdge2, NV, ARG, MR>(kc, k0, ap, bp, c, N, J.c_c, ix, first, mv, nv, tile, tile_ix);
+            edge_tile<Op, T, V, kEdge2, NV, ARG, MR>(kc, k0, ap, bp, c, N, J.c_c, ix, J.i_c, first, mv, nv, tile,
+                                                     tile_ix);
           } else {
-            edge_tile<Op, T, V, MR, NV, ARG, MR>(kc, k0, ap, bp, c, N, J.c_c, ix, first, mv, nv, tile, tile_ix);
+            edge_tile<Op, T, V, MR, NV, ARG, MR>(kc, k0, ap, bp, c, N, J.c_c, ix, J.i_c, first, mv, nv, tile,
+                                                 tile_ix);
           }
         }
       }
@@ -385,6 +407,13 @@ struct MaxProdPairKernel : MaxProdPair {
     const auto negative = b < V{};  // the same for every row: computed once per k
     acc[0] = max_keep(acc[0], negative ? q : p);
     acc[1] = min_keep(acc[1], negative ? p : q);
+  }
+  // With argmax (tile_arithmetic.h): per term and vector 2 mul, 2 compares
+  // (FMA pipes), 6 blends (any pipe) — 4 cycles' worth of ops on the 4
+  // pipes for 3 rows, about twice the plain pair.
+  template <class V, class IV, class T, class I>
+  TS_TILE_FN static void update_arg(V* acc, IV* arg, const T* a, V b, I k) {
+    update_arg_terms(acc, arg, times_broadcast(a[0], b), times_broadcast(a[1], b), b, k);
   }
 };
 
@@ -697,7 +726,8 @@ void* a_block_buffer(int64_t bytes) {
 // Runs the kernel over every batch entry. a: (C', *batch, M, K) broadcast
 // (stride 0 where broadcast; C' <= C components); w: distinct_entries of the
 // weight (*wb, K, N), wb broadcastable to batch; out: the contiguous
-// (C, *batch, M, N) result; idx: contiguous (*batch, M, N) or nullptr. False
+// (C, *batch, M, N) result; idx: contiguous (C, *batch, M, N) (one-component
+// products: (*batch, M, N)) or nullptr. False
 // when w or g holds an entry the kernel does not accept.
 template <class Op, class T, bool ARG, Lift LIFT>
 bool launch(Isa isa, const Tensor& a, const Tensor& w, Tensor& out, Tensor* idx) {
@@ -727,6 +757,7 @@ bool launch(Isa isa, const Tensor& a, const Tensor& w, Tensor& out, Tensor* idx)
   J.a_c = a.stride(0), J.a_m = a.stride(-2), J.a_k = a.stride(-1);
   J.a_components = a.size(0);
   J.c_c = out.stride(0);
+  J.i_c = idx ? idx->stride(0) : 0;
   J.apack = static_cast<T*>(a_block_buffer(a_elems * int64_t(sizeof(T))));
   std::vector<int64_t> pos(batch.size(), 0);
   for (int64_t e = 0; e < nbatch; ++e) {
@@ -761,6 +792,9 @@ bool run_product(const Tensor& g, const Tensor& w, Tensor& out, Tensor* idx) {
 }
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+// The argmax kernels encode a winner as k·C + entry (C entries per k) in
+// int32: longer contractions are left to the generic path.
+bool index_fits(int64_t K, int64_t C) { return K * C <= std::numeric_limits<int32_t>::max(); }
 
 }  // namespace
 
@@ -861,6 +895,15 @@ Tensor max_prod_matmul(const Tensor& g, const Tensor& w) {
   return run_product<MaxProdPairKernel, Lift::kMarkZeros, false>(ops.g, w, out, nullptr) ? out : Tensor();
 }
 
+std::tuple<Tensor, Tensor> max_prod_matmul_argmax(const Tensor& g, const Tensor& w) {
+  BatchedOperands ops;
+  if (!kernel_applies(g, w, ops) || g.size(0) != 2 || !index_fits(ops.g.size(-1), 2)) return {};
+  auto out = at::empty(ops.out_shape, g.options());
+  auto idx = at::empty(ops.out_shape, g.options().dtype(at::kInt));
+  if (!run_product<MaxProdPairKernel, Lift::kMarkZeros, true>(ops.g, w, out, &idx)) return {};
+  return {out, idx};
+}
+
 Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k) {
   BatchedOperands ops;
   if (k < 1 || k > 8 || g.size(0) != k || !kernel_applies(g, w, ops)) return {};
@@ -879,6 +922,28 @@ Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k) {
       : kp == 4 ? run_product<TopKMergeKernel<4, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr)
                 : run_product<TopKMergeKernel<8, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr);
   return ok ? out.narrow(0, 0, k) : Tensor();
+}
+
+std::tuple<Tensor, Tensor> kmax_matmul_argmax(const Tensor& g, const Tensor& w, int64_t k) {
+  BatchedOperands ops;
+  if (k < 1 || k > 8 || g.size(0) != k || !kernel_applies(g, w, ops)) return {};
+  const int64_t kp = k == 1 ? 1 : k <= 2 ? 2 : k <= 4 ? 4 : 8;
+  if (!index_fits(ops.g.size(-1), kp)) return {};
+  auto shape = ops.out_shape;
+  shape[0] = kp;
+  auto out = at::empty(shape, g.options());
+  auto idx = at::empty(shape, g.options().dtype(at::kInt));
+  const bool ok =
+      kp == 1   ? run_product<MaxPlusKernel, Lift::kLogAbs, true>(ops.g, w, out, &idx)
+      : kp == 2 ? run_product<TopKMergeKernel<2, MaxPlusKernel>, Lift::kLogAbs, true>(ops.g, w, out, &idx)
+      : kp == 4 ? run_product<TopKMergeKernel<4, MaxPlusKernel>, Lift::kLogAbs, true>(ops.g, w, out, &idx)
+                : run_product<TopKMergeKernel<8, MaxPlusKernel>, Lift::kLogAbs, true>(ops.g, w, out, &idx);
+  if (!ok) return {};
+  idx = idx.narrow(0, 0, k);
+  // k'·KP + e (the kernel's padded lists) → k'·k + e; e < k always (the
+  // padding is −∞ and never taken), −1 stays −1.
+  if (kp != k) idx = at::where(idx >= 0, idx.div(kp, "floor") * k + idx.remainder(kp), idx);
+  return {out.narrow(0, 0, k), idx};
 }
 
 }  // namespace kernels

@@ -57,6 +57,20 @@ Tensor max_prod_matmul(const Tensor& g, const Tensor& w);
 // kmax(k), k <= 8: the k best of the k·K candidate scores g[j, m, k'] + log|w[k', n]|,
 // descending (−∞ padded). Larger k → undefined (generic path).
 Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k);
+// max_prod and kmax with argmax, for path extraction: (values as the plain
+// kernel's, winners int32 of the same shape (C, *batch, M, N)), a winner
+// written k·C + e: entry e of g[…, m, k] (C = 2 for max_prod, k for kmax).
+// max_prod: winners[0] names the term that won M, winners[1] the one that
+// won m; on a negative edge M comes from k's m·w (e = 1) and m from its M·w
+// (e = 0). Ties → the smallest k. kmax: the k winners are distinct
+// candidates; at equal scores a candidate of a smaller k' (and of one list,
+// the earlier entry) is kept, while the order of equal scores within the
+// list is deterministic but unspecified. −1 where there is no path (M = −∞,
+// m = +∞, a −∞ score — also when a product overflowed to it). Unlike
+// max_matmul_argmax these decline (undefined tensors) wherever the plain
+// kernels do, and for K·C beyond int32.
+std::tuple<Tensor, Tensor> max_prod_matmul_argmax(const Tensor& g, const Tensor& w);
+std::tuple<Tensor, Tensor> kmax_matmul_argmax(const Tensor& g, const Tensor& w, int64_t k);
 // log: logsumexp_k g + log|w|, by exp-shifted GEMMs (exp_shift_gemm.cpp).
 Tensor log_matmul(const Tensor& g, const Tensor& w);
 // entropy: the (ℓ, h) pair product, by exp-shifted GEMMs (exp_shift_gemm.cpp).

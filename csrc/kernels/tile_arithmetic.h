@@ -125,6 +125,30 @@ struct MaxProdPair {
     acc[0] = max_keep(max_keep(acc[0], p), q);
     acc[1] = min_keep(min_keep(acc[1], p), q);
   }
+  // With argmax, for path extraction: arg[0] says which term won M, arg[1]
+  // which won m, each as 2k + c — c the component of g[k] whose product it is
+  // (0: M·w, 1: m·w). Needs M >= m (or an empty, NaN-marked value): then
+  // M·w is the larger product for w > 0 and m·w for w < 0, so on a negative
+  // edge M comes from m (c = 1) and m from M (c = 0), also when M = m. Each
+  // extreme takes a strictly better term only: ties → the smallest k; the
+  // index stays −1 while no term beats the start value (−∞ for M, +∞ for m),
+  // including a term that overflowed to it. p, q: the products a[0]·b,
+  // a[1]·b (a kernel may compute them its own way).
+  template <class V, class IV, class I>
+  TS_TILE_FN static void update_arg_terms(V* acc, IV* arg, V p, V q, V b, I k) {
+    const auto negative = b < V{};  // a lane mask; false for a NaN-marked (zero) edge
+    const V hi = negative ? q : p, lo = negative ? p : q;
+    const IV from_M = IV{} + I(2 * k), from_m = IV{} + I(2 * k + 1);
+    const auto win_hi = hi > acc[0], win_lo = lo < acc[1];
+    acc[0] = win_hi ? hi : acc[0];
+    arg[0] = win_hi ? (negative ? from_m : from_M) : arg[0];
+    acc[1] = win_lo ? lo : acc[1];
+    arg[1] = win_lo ? (negative ? from_M : from_m) : arg[1];
+  }
+  template <class V, class IV, class T, class I>
+  TS_TILE_FN static void update_arg(V* acc, IV* arg, const T* a, V b, I k) {
+    update_arg_terms(acc, arg, V(a[0] * b), V(a[1] * b), b, k);
+  }
 };
 
 // The NaN marking of MaxProdPair's inputs, per element: an empty value
@@ -185,6 +209,39 @@ TS_UNROLL(8)
     }
 TS_UNROLL(8)
     for (int q = 0; q < KP; ++q) acc[q] = c[q];
+  }
+  // With argmax, for path extraction: arg[q] says which candidate score q
+  // is, as k·KP + e (entry e of g[k]'s list). The same network, but every
+  // selection and compare-exchange moves a (score, index) pair under one
+  // mask, so the KP pairs kept are distinct candidates. A candidate enters
+  // the list only by beating a kept score strictly (at equal scores the
+  // earlier k stays, and of one list the earlier entries); the order of equal
+  // scores within the list is deterministic (k visited in increasing order)
+  // but not by index. An entry that nothing beat keeps −∞ and index −1.
+  template <class V, class IV, class T, class I>
+  TS_TILE_FN static void update_arg(V* acc, IV* arg, const T* a, V b, I k) {
+    V c[KP];
+    IV ci[KP];
+TS_UNROLL(8)
+    for (int q = 0; q < KP; ++q) {
+      const V t = Term::term(a[KP - 1 - q], b);
+      const auto win = t > acc[q];
+      c[q] = win ? t : acc[q];
+      ci[q] = win ? IV{} + I(k * KP + (KP - 1 - q)) : arg[q];
+    }
+TS_UNROLL(4)
+    for (int d = KP / 2; d >= 1; d /= 2) {
+TS_UNROLL(8)
+      for (int i = 0; i < KP; ++i) {
+        if (i & d) continue;
+        const auto keep = c[i] > c[i + d];  // else the pair swaps (equal scores too)
+        const V hi = keep ? c[i] : c[i + d], lo = keep ? c[i + d] : c[i];
+        const IV ihi = keep ? ci[i] : ci[i + d], ilo = keep ? ci[i + d] : ci[i];
+        c[i] = hi, c[i + d] = lo, ci[i] = ihi, ci[i + d] = ilo;
+      }
+    }
+TS_UNROLL(8)
+    for (int q = 0; q < KP; ++q) acc[q] = c[q], arg[q] = ci[q];
   }
 };
 

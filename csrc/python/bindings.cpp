@@ -235,6 +235,17 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // The SIMD kernels' extras that the semiring interface has no place for:
   // argmax provenance for path extraction, and which ISA runs (for tests).
   m.def("kernel_max_matmul_argmax", &kernels::max_matmul_argmax, py::arg("semiring"), py::arg("g"), py::arg("w"));
+  // The same for max_prod and kmax(k) (k = the value's components); None where
+  // the kernel declines.
+  m.def("kernel_selecting_matmul_argmax", [](const std::string& name, const at::Tensor& g,
+                                             const at::Tensor& w) -> py::object {
+    std::tuple<at::Tensor, at::Tensor> r;
+    if (name == "max_prod") r = kernels::max_prod_matmul_argmax(g, w);
+    else if (name == "kmax") r = kernels::kmax_matmul_argmax(g, w, g.size(0));
+    else TORCH_CHECK_VALUE(false, "torch_semiring: no argmax kernel for semiring '", name, "' here (viterbi, "
+                           "max_abs: kernel_max_matmul_argmax)");
+    return std::get<0>(r).defined() ? py::cast(r) : py::none();
+  }, py::arg("name"), py::arg("g"), py::arg("w"));
   m.def("kernel_isa", &kernels::kernel_isa);
   m.def("kernel_calls", &kernels::kernel_calls);
   m.def("exp_shift_stats", &kernels::exp_shift_stats);

@@ -39,11 +39,11 @@ class ProvenanceSemiring final : public Semiring {
   Tensor readout(const Tensor& v) const override {
     return kind_ == Kind::TopK ? scores(v).movedim(0, -1) : scores(v).select(0, 0);
   }
-  // The single-entry kinds at kernel speed: the max-plus / max-times GEMM and
-  // the normalisation-row kernels report which operand won, and the ids are
-  // gathered from that (the generic block versions select with argmax too).
+  // At kernel speed: the max-plus / max-times / max_prod / kmax GEMMs report
+  // which term won each entry, and the ids are gathered from that (the
+  // generic block versions select with argmax too).
   Tensor matmul(const Tensor& g, const Tensor& w) const override {
-    auto fast = single_entry() ? matmul_with_ids(g, w) : Tensor();
+    auto fast = matmul_with_ids(g, w);
     return fast.defined() ? fast : Semiring::matmul(g, w);
   }
   Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
@@ -83,7 +83,10 @@ class ProvenanceSemiring final : public Semiring {
  protected:
   static constexpr double kInf = std::numeric_limits<double>::infinity();
   bool single_entry() const { return kind_ == Kind::MaxPlus || kind_ == Kind::MaxTimes; }
-  // The GEMM kernel with argmax where its preconditions hold (else undefined).
+  // The GEMM kernel with argmax where its preconditions hold (else
+  // undefined). A winner is k·E + entry (the term of entry `entry` of g[…, k];
+  // −1: no path), so the ids of g, flattened to columns k·E + entry, are
+  // gathered by it for every kind.
   Tensor matmul_with_ids(const Tensor& g, const Tensor& w) const {
     auto s = scores(g), id = ids(g);
     kernels::BatchedOperands ops, id_ops;
@@ -92,12 +95,25 @@ class ProvenanceSemiring final : public Semiring {
       return {};
     for (auto d : ops.out_shape)
       if (d == 0) return {};
-    const auto wr = kernels::range_of(w), sr = kernels::range_of(s);
-    if (!std::isfinite(wr.first) || !std::isfinite(wr.second) || !(sr.second < kInf)) return {};  // NaN fails too
-    if (kind_ == Kind::MaxTimes && !(sr.first >= 0)) return {};
-    auto [values, winner] = kernels::max_matmul_argmax(kind_ == Kind::MaxPlus ? "viterbi" : "max_abs", s, w);
-    auto index = winner.to(at::kLong).clamp_min(0).unsqueeze(0);  // (1, *batch, M, N)
-    auto picked = at::where(winner.unsqueeze(0) < 0, -1.0, id_ops.g.gather(-1, index));
+    Tensor values, winner;  // (E, *batch, M, N) each
+    if (kind_ == Kind::Signed) {
+      std::tie(values, winner) = kernels::max_prod_matmul_argmax(s, w);
+    } else if (kind_ == Kind::TopK) {
+      std::tie(values, winner) = kernels::kmax_matmul_argmax(s, w, E_);
+    } else {  // max_matmul_argmax raises outside its range: check first
+      const auto wr = kernels::range_of(w), sr = kernels::range_of(s);
+      if (!std::isfinite(wr.first) || !std::isfinite(wr.second) || !(sr.second < kInf)) return {};  // NaN fails too
+      if (kind_ == Kind::MaxTimes && !(sr.first >= 0)) return {};
+      std::tie(values, winner) = kernels::max_matmul_argmax(kind_ == Kind::MaxPlus ? "viterbi" : "max_abs", s, w);
+      winner = winner.unsqueeze(0);
+    }
+    if (!values.defined()) return {};
+    auto candidates = id_ops.g.movedim(0, -1).flatten(-2, -1);  // (*batch, M, K·E): column k·E + entry
+    auto index = winner.to(at::kLong).clamp_min(0);
+    auto shape = index.sizes().vec();
+    shape.back() = candidates.size(-1);
+    auto picked = candidates.unsqueeze(0).expand(shape).gather(-1, index);
+    picked = at::where(winner < 0, -1.0, picked);
     return at::cat({values, picked.to(values.scalar_type())}, 0);
   }
   Tensor scores(const Tensor& v) const { return v.narrow(0, 0, E_); }
