@@ -667,6 +667,7 @@ template <class Body>
 std::vector<at::Tensor> over_rows(const std::vector<at::Tensor>& ins, const std::vector<Holds>& what, int nout,
                                   Body body) {
   const auto& first = ins[0];
+  if (getenv("TSDBG")) fprintf(stderr, "over_rows dim %ld dtype %d\n", (long)first.dim(), (int)first.scalar_type());
   if (!first.defined() || first.dim() != 2 || first.size(1) >= (int64_t(1) << 30)) return {};
   const auto dtype = first.scalar_type();
   if (dtype != at::kFloat && dtype != at::kDouble) return {};
@@ -699,6 +700,7 @@ std::vector<at::Tensor> over_rows(const std::vector<at::Tensor>& ins, const std:
           for (int64_t i = 0; i < n; ++i) ok &= holds(w, dst[i] = double(src[i]));
         }
         if (!ok) {
+          if (getenv("TSDBG")) for (size_t k = 0; k < in.size(); ++k) for (int64_t i = 0; i < n; ++i) if (!holds(what[k], rows[k][i])) { fprintf(stderr, "decline in%zu i=%ld v=%g\n", k, (long)i, rows[k][i]); break; }
           declined.store(true, std::memory_order_relaxed);
           return;
         }
@@ -733,9 +735,15 @@ at::Tensor sum_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool nonzero
     }
     const double* wv[] = {finite_w.data()};
     row.run(xr, n, wv, o, nonzero);
+    // Each j needs one existing edge from an infinite i: the first one found
+    // settles it (1 + x_i x_j = 0 is rare), so this is O(n) per row even when
+    // every w is +∞ (counts of a deep model overflow float32 early).
     for (int64_t j = 0; j < n && !infinite.empty(); ++j)
       for (int64_t i : infinite)
-        if (i != j && one_plus(xr[i], xr[j]) != 0) o[0][j] = kInf;
+        if (i != j && one_plus(xr[i], xr[j]) != 0) {
+          o[0][j] = kInf;
+          break;
+        }
   });
   return out.empty() ? at::Tensor() : out[0];
 }

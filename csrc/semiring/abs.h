@@ -6,7 +6,7 @@
 
 namespace torch_semiring {
 
-class AbsSemiring final : public SumProductSemiring {
+class AbsSemiring final : public NonNegativeSumProduct {
  public:
   std::string name() const override { return "abs"; }
   // Σ_{i≠j} a_i |1 + x_i x_j|: sorted prefix sums (kernels/norm_rows).

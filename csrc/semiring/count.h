@@ -7,7 +7,7 @@
 
 namespace torch_semiring {
 
-class CountSemiring final : public SumProductSemiring {
+class CountSemiring final : public NonNegativeSumProduct {
  public:
   std::string name() const override { return "count"; }
   // Σ_{i≠j, 1 + x_i x_j ≠ 0} a_i: sorted range sums (kernels/norm_rows).

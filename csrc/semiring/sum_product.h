@@ -2,6 +2,7 @@
 // how a local derivative is lifted; the matrix product is an ordinary GEMM and
 // the scatter an index_add, so these are as fast as stock backward.
 #pragma once
+#include "nonnegative.h"
 #include "semiring.h"
 
 namespace torch_semiring {
@@ -37,6 +38,24 @@ class SumProductSemiring : public Semiring {
   Tensor do_oplus(const Tensor& a, const Tensor& b) const override { return a + b; }
   Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
     return dims.empty() ? a : a.sum(dims, keepdim);
+  }
+};
+
+// abs and count: (+, ×) over [0, +∞], where a value that overflowed to +∞
+// must not meet a zero (no path, or an edge that does not exist) as NaN.
+class NonNegativeSumProduct : public SumProductSemiring {
+ public:
+  Tensor matmul(const Tensor& g, const Tensor& w) const override {
+    return annihilating_matmul(g, do_lift(w).select(0, 0));
+  }
+  Tensor exclusive_oplus(const Tensor& v, int64_t dim) const override {
+    return exclusive_sum(v, at::maybe_wrap_dim(dim, v.dim() - 1) + 1);
+  }
+
+ protected:
+  Tensor do_otimes(const Tensor& a, const Tensor& b) const override { return annihilating_product(a, b); }
+  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
+    return annihilating_product(a, do_lift(w));
   }
 };
 

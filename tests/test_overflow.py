@@ -1,0 +1,121 @@
+"""Values that overflow to +inf in the semirings over [0, +inf] (abs, count, max_abs).
+
+The number of paths through a deep model exceeds float32's range (MiniLM at 16
+tokens: ~5e115), so a float32 count is +inf. In these semirings a zero is "no
+path" (or an edge that does not exist, SPEC section 1) and annihilates: 0 * inf
+must be 0, never IEEE's NaN. Each graph runs in float32 and float64 with the
+same weights; the float32 readouts must equal the float64 ones rounded to
+float32 (+inf where they overflow), with no NaN anywhere.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_semiring as ts
+
+SEMIRINGS = ["count", "abs", "max_abs"]
+
+
+def matmul_chain(dtype):
+    x = torch.linspace(-1, 1, 16, dtype=dtype).reshape(2, 8).requires_grad_()
+    w = torch.full((8, 8), 4.0, dtype=dtype)
+    w[0, 1] = 0
+    w[3, :] = 0  # input column 3 reaches nothing
+    h = x
+    for _ in range(50):
+        h = h @ w
+    return h.sum(), x
+
+
+def linear_chain(dtype):
+    x = torch.linspace(-1, 1, 16, dtype=dtype).reshape(2, 8).requires_grad_()
+    w = torch.full((8, 8), 4.0, dtype=dtype)
+    w[:, 5] = 0
+    b = torch.ones(8, dtype=dtype)
+    h = x
+    for _ in range(50):
+        h = F.linear(h, w, b)
+    return h.sum(), x
+
+
+def zero_edges(dtype):
+    x = torch.linspace(-1, 1, 8, dtype=dtype).requires_grad_()
+    h = x
+    for _ in range(50):
+        h = h * 8 + h.tanh() * 0  # the second term's edges do not exist
+    return h.sum(), x
+
+
+def layer_norms(dtype):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 16, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+    w = (torch.randn(16, 16, generator=g, dtype=torch.float64) * 3).to(dtype)
+    w[:, 2] = 0
+    h = x
+    for _ in range(30):
+        h = F.layer_norm(h @ w, (16,))
+    return h.sum(), x
+
+
+def rms_norms(dtype):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 16, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+    w = (torch.randn(16, 16, generator=g, dtype=torch.float64) * 3).to(dtype)
+    w[4, :] = 0
+    h = x
+    for _ in range(30):
+        h = F.rms_norm(h @ w, (16,))
+    return h.sum(), x
+
+
+def attention(dtype):
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1, 2, 6, 8, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+    w = (torch.randn(8, 8, generator=g, dtype=torch.float64) * 4).to(dtype)
+    w[:, 1] = 0
+    h = x
+    for _ in range(25):  # values stay finite (the forward must not overflow), path counts do not
+        h = F.layer_norm(h @ w, (8,))
+    h = F.scaled_dot_product_attention(h, h, h, is_causal=True)
+    return h.sum(), x
+
+
+GRAPHS = [matmul_chain, linear_chain, zero_edges, layer_norms, rms_norms, attention]
+
+
+@pytest.mark.parametrize("semiring", SEMIRINGS)
+@pytest.mark.parametrize("graph", GRAPHS, ids=lambda g: g.__name__)
+def test_float32_overflow_is_inf_not_nan(graph, semiring):
+    wide = ts.grad(*graph(torch.float64), semiring=semiring)[0]
+    narrow = ts.grad(*graph(torch.float32), semiring=semiring)[0]
+    assert not narrow.isnan().any(), f"{semiring} on {graph.__name__}: NaN in a float32 readout"
+    expected = wide.to(torch.float32)
+    assert (narrow.isinf() == expected.isinf()).all()
+    torch.testing.assert_close(narrow, expected, rtol=2e-3, atol=0)
+
+
+def test_some_graph_overflows_float32():
+    """The cases above are about overflow: at least the count chains leave float32's range."""
+    readout = ts.grad(*matmul_chain(torch.float32), semiring="count")[0]
+    assert readout.isinf().any() and (readout == 0).any()
+
+
+def test_nan_derivative_still_gives_nan():
+    """Only 0 * inf is repaired: a NaN local derivative stays NaN (abs lifts it to |NaN|)."""
+    x = torch.tensor([1.0, 2.0], requires_grad=True)
+    y = x * torch.tensor([float("nan"), 3.0])
+    readout = ts.grad(y.sum(), x, semiring="abs")[0]
+    assert readout[0].isnan() and readout[1] == 3.0
+
+
+@pytest.mark.parametrize("semiring", SEMIRINGS)
+def test_infinite_weight_meets_no_path(semiring):
+    """An infinite edge weight from an element no path reaches contributes nothing (0 * inf = 0)."""
+    x = torch.tensor([[1.0, 2.0, 3.0]], requires_grad=True)
+    w = torch.tensor([[float("inf"), 2.0], [1.0, -3.0], [0.0, 5.0]])
+    out = (x @ w)[:, 1].sum()  # output column 0 is not used: no path through the infinite weight
+    readout = ts.grad(out, x, semiring=semiring)[0]
+    expected = {"count": [1.0, 1.0, 1.0], "abs": [2.0, 3.0, 5.0], "max_abs": [2.0, 3.0, 5.0]}[semiring]
+    torch.testing.assert_close(readout, torch.tensor([expected]))
