@@ -667,7 +667,6 @@ template <class Body>
 std::vector<at::Tensor> over_rows(const std::vector<at::Tensor>& ins, const std::vector<Holds>& what, int nout,
                                   Body body) {
   const auto& first = ins[0];
-  if (getenv("TSDBG")) fprintf(stderr, "over_rows dim %ld dtype %d\n", (long)first.dim(), (int)first.scalar_type());
   if (!first.defined() || first.dim() != 2 || first.size(1) >= (int64_t(1) << 30)) return {};
   const auto dtype = first.scalar_type();
   if (dtype != at::kFloat && dtype != at::kDouble) return {};
@@ -700,7 +699,6 @@ std::vector<at::Tensor> over_rows(const std::vector<at::Tensor>& ins, const std:
           for (int64_t i = 0; i < n; ++i) ok &= holds(w, dst[i] = double(src[i]));
         }
         if (!ok) {
-          if (getenv("TSDBG")) for (size_t k = 0; k < in.size(); ++k) for (int64_t i = 0; i < n; ++i) if (!holds(what[k], rows[k][i])) { fprintf(stderr, "decline in%zu i=%ld v=%g\n", k, (long)i, rows[k][i]); break; }
           declined.store(true, std::memory_order_relaxed);
           return;
         }
