@@ -2,6 +2,7 @@
 // and the RuleContext helpers rules use.
 #include <ATen/record_function.h>
 
+#include <limits>
 #include <mutex>
 #include <unordered_map>
 
@@ -49,6 +50,42 @@ const RuleEntry& rule_for(const Node& node, const Semiring& sr) {
   return *entry;
 }
 
+namespace {
+// Whether a value (≥ 0 or NaN: the semirings that split) holds +∞: one
+// reduction per value, no temporary (a host read; on a GPU, a sync per node).
+bool any_infinite(const std::vector<at::Tensor>& values) {
+  for (const auto& v : values)
+    if (v.defined() && v.numel() > 0 && v.max().item<double>() == std::numeric_limits<double>::infinity())
+      return true;
+  return false;
+}
+
+// A rule is ⊕-linear in its values, and in these semirings g = f ⊕ ∞·[g = ∞]
+// with f = g where finite, else 0. So rule(g) = rule(f) ⊕ ∞·[rule(i) > 0],
+// i the 0/1 indicator of the +∞ entries: an output is +∞ exactly where an
+// existing edge leads from an infinite value, and both runs are finite. The
+// cost is a second run of the rule, only while some value is infinite.
+std::vector<at::Tensor> rule_with_infinite_values(const RuleEntry& entry, const RuleContext& ctx,
+                                                  const std::vector<at::Tensor>& values) {
+  std::vector<at::Tensor> finite(values.size()), indicator(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!values[i].defined()) continue;
+    const auto infinite = values[i].isinf();
+    finite[i] = values[i].masked_fill(infinite, 0);
+    indicator[i] = infinite.to(values[i].scalar_type());
+  }
+  auto out = entry.rule(ctx, finite);
+  auto reached = entry.rule(ctx, indicator);
+  out.resize(std::max(out.size(), reached.size()));
+  for (size_t j = 0; j < reached.size(); ++j) {
+    if (!reached[j].defined()) continue;
+    if (!out[j].defined()) out[j] = at::zeros_like(reached[j]);
+    out[j] = out[j].masked_fill(reached[j].gt(0), std::numeric_limits<double>::infinity());
+  }
+  return out;
+}
+}  // namespace
+
 std::vector<at::Tensor> apply_rule(Node& node, const Semiring& sr, std::vector<bool> needed,
                                    const std::vector<at::Tensor>& values, bool create_graph) {
   const RuleEntry& entry = rule_for(node, sr);
@@ -56,7 +93,8 @@ std::vector<at::Tensor> apply_rule(Node& node, const Semiring& sr, std::vector<b
   if (range.isActive()) range.before("ts::" + entry.family + "::" + node.name());
   const size_t edges = node.next_edges().size();
   RuleContext ctx{node, sr, create_graph, std::move(needed)};
-  auto out = entry.rule(ctx, values);
+  auto out = sr.splits_infinite_values() && any_infinite(values) ? rule_with_infinite_values(entry, ctx, values)
+                                                                 : entry.rule(ctx, values);
   TORCH_CHECK(out.size() <= edges, "torch_semiring: the rule of ", node.name(), " returned ", out.size(),
               " values for ", edges, " inputs");
   return out;

@@ -1,7 +1,6 @@
 // max_abs: the largest path product of |w| (the paper's max-product on
 // magnitudes). ⊕ = max, ⊗ = ×, lift(w) = |w|, zero 0, one 1.
 #pragma once
-#include "nonnegative.h"
 #include "semiring.h"
 
 #include "kernels/cpu_gemm.h"
@@ -14,6 +13,7 @@ class MaxAbsSemiring final : public Semiring {
   std::string name() const override { return "max_abs"; }
   int64_t components() const override { return 1; }
   bool zero_is_numeric_zero() const override { return true; }
+  bool splits_infinite_values() const override { return true; }
   Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
   // The max-times GEMM kernel where it applies (float/double CPU, finite inputs).
   Tensor matmul(const Tensor& g, const Tensor& w) const override {
@@ -38,8 +38,8 @@ class MaxAbsSemiring final : public Semiring {
     return constant_value({1.0}, s, o);
   }
   Tensor do_lift(const Tensor& w) const override { return w.abs().unsqueeze(0); }
-  Tensor do_otimes(const Tensor& a, const Tensor& b) const override { return annihilating_product(a, b); }
-  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override { return annihilating_product(a, w.abs()); }
+  Tensor do_otimes(const Tensor& a, const Tensor& b) const override { return a * b; }
+  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override { return a * w.abs(); }
   Tensor do_oplus(const Tensor& a, const Tensor& b) const override { return at::maximum(a, b); }
   Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
     return dims.empty() ? a : a.amax(dims, keepdim);

@@ -9,14 +9,12 @@
 #include "log.h"
 #include "max_abs.h"
 #include "max_prod.h"
-#include "nonnegative.h"
 #include "product.h"
 #include "provenance.h"
 #include "real.h"
 #include "viterbi.h"
 
 #include <functional>
-#include <limits>
 #include <map>
 
 namespace torch_semiring {
@@ -270,45 +268,6 @@ std::vector<Tensor> split_product_value(const Semiring& product, const Tensor& v
 std::vector<SemiringPtr> product_parts(const Semiring& s) {
   auto p = dynamic_cast<const ProductSemiring*>(&s);
   return p ? p->parts() : std::vector<SemiringPtr>{};
-}
-
-// ---- arithmetic over [0, +∞] (nonnegative.h) ---------------------------------
-
-namespace {
-// True where a NaN may need a repair: on the CPU one isnan pass and a host
-// read say whether any NaN appeared; elsewhere assume so (no sync).
-bool may_hold_nan(const Tensor& t) {
-  return !t.device().is_cpu() || at::isnan(t).any().item<bool>();
-}
-}  // namespace
-
-Tensor annihilating_product(const Tensor& a, const Tensor& b) {
-  auto p = a * b;
-  if (!may_hold_nan(p)) return p;
-  return p.masked_fill(at::logical_or(a.eq(0), b.eq(0)), 0);
-}
-
-Tensor annihilating_matmul(const Tensor& g, const Tensor& l) {
-  auto out = at::matmul(g, l);
-  if (!may_hold_nan(out)) return out;
-  // Lifted weights are rarely infinite (count's are 0/1): their term only when they are.
-  const auto as_value = [&](const Tensor& mask) { return mask.to(out.scalar_type()); };
-  const auto g_inf = g.isinf(), l_inf = l.isinf();
-  const bool weights_infinite = !l.device().is_cpu() || l_inf.any().item<bool>();
-  auto finite = at::matmul(g.masked_fill(g_inf, 0), weights_infinite ? l.masked_fill(l_inf, 0) : l);
-  auto meets = at::matmul(as_value(g_inf), as_value(l.ne(0)));
-  if (weights_infinite) meets.add_(at::matmul(as_value(g.ne(0)), as_value(l_inf)));
-  return finite.masked_fill_(meets.gt(0), std::numeric_limits<double>::infinity());
-}
-
-Tensor exclusive_sum(const Tensor& v, int64_t dim) {
-  auto out = v.sum(dim, /*keepdim=*/true) - v;
-  if (!may_hold_nan(out)) return out;
-  const auto inf = v.isinf();
-  auto finite = v.masked_fill(inf, 0);
-  auto others = finite.sum(dim, /*keepdim=*/true) - finite;
-  auto infinite_others = inf.sum(dim, /*keepdim=*/true).sub_(inf.to(at::kLong)).gt(0);
-  return others.masked_fill_(infinite_others, std::numeric_limits<double>::infinity());
 }
 
 }  // namespace torch_semiring

@@ -2,7 +2,7 @@
 // how a local derivative is lifted; the matrix product is an ordinary GEMM and
 // the scatter an index_add, so these are as fast as stock backward.
 #pragma once
-#include "nonnegative.h"
+#include "kernels/lift_cache.h"
 #include "semiring.h"
 
 namespace torch_semiring {
@@ -41,21 +41,17 @@ class SumProductSemiring : public Semiring {
   }
 };
 
-// abs and count: (+, ×) over [0, +∞], where a value that overflowed to +∞
-// must not meet a zero (no path, or an edge that does not exist) as NaN.
+// abs and count: (+, ×) over [0, +∞] (see splits_infinite_values).
 class NonNegativeSumProduct : public SumProductSemiring {
  public:
+  bool splits_infinite_values() const override { return true; }
+  // lift(w) of a saved leaf weight (a frozen layer) is kept across calls
+  // (kernels/lift_cache.h): the GEMM is then all that is left, as in stock.
   Tensor matmul(const Tensor& g, const Tensor& w) const override {
-    return annihilating_matmul(g, do_lift(w).select(0, 0));
-  }
-  Tensor exclusive_oplus(const Tensor& v, int64_t dim) const override {
-    return exclusive_sum(v, at::maybe_wrap_dim(dim, v.dim() - 1) + 1);
-  }
-
- protected:
-  Tensor do_otimes(const Tensor& a, const Tensor& b) const override { return annihilating_product(a, b); }
-  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
-    return annihilating_product(a, do_lift(w));
+    auto lifted = kernels::prepared_weight(w, name() + " lift", [this](const Tensor& x) {
+      return kernels::Prepared{do_lift(x).select(0, 0)};
+    });
+    return at::matmul(g, lifted[0]);
   }
 };
 
