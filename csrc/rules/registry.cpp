@@ -68,13 +68,15 @@ bool any_infinite(const std::vector<at::Tensor>& values) {
 std::vector<at::Tensor> rule_with_infinite_values(const RuleEntry& entry, const RuleContext& ctx,
                                                   const std::vector<at::Tensor>& values) {
   std::vector<at::Tensor> finite(values.size()), indicator(values.size());
+  bool any_finite = false;  // once a float32 count overflowed, often every value is +∞ (or 0)
   for (size_t i = 0; i < values.size(); ++i) {
     if (!values[i].defined()) continue;
     const auto infinite = values[i].isinf();
     finite[i] = values[i].masked_fill(infinite, 0);
     indicator[i] = infinite.to(values[i].scalar_type());
+    any_finite = any_finite || (finite[i].numel() > 0 && finite[i].max().item<double>() != 0);  // NaN: finite
   }
-  auto out = entry.rule(ctx, finite);
+  auto out = any_finite ? entry.rule(ctx, finite) : std::vector<at::Tensor>{};
   auto reached = entry.rule(ctx, indicator);
   out.resize(std::max(out.size(), reached.size()));
   for (size_t j = 0; j < reached.size(); ++j) {
