@@ -73,6 +73,23 @@ def layout():
     return [(p * c).reshape(-1) for p, c in zip(pieces, w)], [x, y], None
 
 
+def slices_selects_cats():
+    # The placements with their own rules (slice, select, cat, view / unsafe_view): negative and
+    # out-of-range bounds, steps, negative dims and indices, positions nothing reaches, cat with a legacy
+    # empty input.
+    x = leaf(3, 5, 4, seed=11)
+    y = leaf(2, 4, seed=12)
+    z = leaf(4, seed=13, scale=2.0)
+    pieces = [
+        x[:, 1:4], x[..., ::2], x[-2:, :, -3:-1], x[:, 3:100], x[:, 1::3],
+        x.select(-1, -2), x[1], x[:, 0, 2], torch.cat([x[0, :2], y, torch.empty(0, dtype=D)], 0),
+        torch.cat([y, z.unsqueeze(0)], 0), torch.cat([x[:, :1], x[:, 2:]], 1), torch.cat([y], -1),
+        (x[:, :2] @ y.t().unsqueeze(0)).view(-1), x.view(15, 4)[::4], torch.matmul(x, y.t()),
+    ]
+    w = [torch.linspace(-1, 2, p.numel(), dtype=D).reshape(p.shape) for p in pieces]
+    return [(p * c).reshape(-1) for p, c in zip(pieces, w)], [x, y, z], None
+
+
 def contractions():
     a, b, c = leaf(3, 4, seed=7), leaf(4, 2, seed=8), leaf(2, seed=9)
     A, B, bias = leaf(2, 3, 4, seed=10), leaf(2, 4, 5, seed=11), leaf(3, 5, seed=12)
@@ -256,7 +273,8 @@ CASES = [
     convolutions, convolutions_3d_and_transposed, batch_norm_training, resampling,
     in_place_writes,
     softmaxes, layer_norms, attention_fused, embedding_and_losses,
-    pointwise_broadcast, pointwise_zoo, parallel_edges, reductions, layout, contractions, selections,
+    pointwise_broadcast, pointwise_zoo, parallel_edges, reductions, layout, slices_selects_cats, contractions,
+    selections,
     mlp3, attention_by_hand, nonleaf_and_edges, grad_outputs_given,
 ] + [c for c in REFERENCE_CASES if c.__name__ != "custom_function"]
 
@@ -289,7 +307,7 @@ def test_real_equals_autograd(case):
         torch.testing.assert_close(a, e, rtol=0, atol=1e-10)
 
 
-@pytest.mark.parametrize("case", [mlp3, attention_by_hand, layout], ids=lambda c: c.__name__)
+@pytest.mark.parametrize("case", [mlp3, attention_by_hand, layout, slices_selects_cats], ids=lambda c: c.__name__)
 def test_product_semiring_equals_separate_runs(case):
     names = ("viterbi", "entropy", "max_prod", "kmax")
     outputs, inputs, grad_outputs = case()

@@ -63,6 +63,66 @@ std::vector<Tensor> place(const RuleContext& ctx, const std::vector<Tensor>& gra
   return out;
 }
 std::vector<Tensor> bijective_rule(const RuleContext& ctx, const std::vector<Tensor>& g) { return place(ctx, g, false); }
+
+// The commonest placements by their own index arithmetic on the whole
+// (C, *S) value — a view, or one fill with the zero and one copy — instead of
+// C calls of the node's backward, a stack and a reach mask (3–6 passes).
+std::vector<int64_t> value_shape(const RuleContext& ctx, size_t input) {
+  auto shape = ctx.input_shape(input);
+  shape.insert(shape.begin(), ctx.semiring.components());
+  return shape;
+}
+int64_t value_dim(int64_t dim, const std::vector<int64_t>& value_shape) {  // an element dim, in the value
+  return at::maybe_wrap_dim(dim, int64_t(value_shape.size()) - 1) + 1;
+}
+std::optional<int64_t> as_int(const std::optional<c10::SymInt>& v) {
+  return v ? std::optional<int64_t>(v->expect_int()) : std::nullopt;
+}
+// view / reshape / _unsafe_view: the same elements in another shape.
+std::vector<Tensor> reshape_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  if (!ctx.needs(0) || !grads[0].defined()) return {};
+  return {grads[0].reshape(value_shape(ctx, 0))};
+}
+// x[..., start:end:step, ...]: the zero, the slice's value copied in.
+std::vector<Tensor> slice_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  if (!ctx.needs(0) || !grads[0].defined()) return {};
+  auto& n = static_cast<SliceBackward0&>(ctx.node);
+  const auto shape = value_shape(ctx, 0);
+  auto out = ctx.semiring.zero(std::vector<int64_t>(shape.begin() + 1, shape.end()), grads[0].options());
+  out.slice(value_dim(n.dim, shape), as_int(n.start), as_int(n.end), n.step.expect_int()).copy_(grads[0]);
+  return {out};
+}
+// x.select(dim, index): the zero, the selected value copied in.
+std::vector<Tensor> select_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  if (!ctx.needs(0) || !grads[0].defined()) return {};
+  auto& n = static_cast<SelectBackward0&>(ctx.node);
+  const auto shape = value_shape(ctx, 0);
+  auto out = ctx.semiring.zero(std::vector<int64_t>(shape.begin() + 1, shape.end()), grads[0].options());
+  out.select(value_dim(n.dim, shape), n.index.expect_int()).copy_(grads[0]);
+  return {out};
+}
+// cat: every input is a narrow of the output (views; legacy 1-D empty inputs
+// are skipped by cat and get an empty value).
+std::vector<Tensor> cat_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  auto& n = static_cast<CatBackward0&>(ctx.node);
+  const auto& g = grads[0];
+  std::vector<Tensor> out(n.tensors_args_sizes_symint.size());
+  if (!g.defined()) return out;
+  const std::vector<int64_t> g_shape(g.sizes().begin(), g.sizes().end());
+  const int64_t dim = value_dim(n.dim, g_shape);
+  int64_t offset = 0;
+  for (size_t i = 0; i < out.size(); ++i) {
+    const auto& sizes = n.tensors_args_sizes_symint[i];
+    if (sizes.size() == 1 && sizes[0] == 0) {
+      if (ctx.needs(i)) out[i] = at::empty({g.size(0), 0}, g.options());
+      continue;
+    }
+    const int64_t size = sizes[dim - 1].expect_int();
+    if (ctx.needs(i)) out[i] = g.narrow(dim, offset, size);
+    offset += size;
+  }
+  return out;
+}
 std::vector<Tensor> injective_rule(const RuleContext& ctx, const std::vector<Tensor>& g) { return place(ctx, g, true); }
 
 // ---- broadcast: expand's backward is a sum over the broadcast dims, which is
@@ -267,7 +327,7 @@ Reduced reduced_by_ctc_loss(Node&) { return {{0, 2}, false}; }
 // ---- the tables ---------------------------------------------------------------
 // Views, permutations and copies: every input element is reached.
 const char* const kBijective[] = {
-    "ViewBackward0",      "UnsafeViewBackward0", "ReshapeAliasBackward0", "PermuteBackward0",
+    "PermuteBackward0",
     "TransposeBackward0", "TransposeBackward1",  "TBackward0",            "UnsqueezeBackward0",
     "UnsqueezeBackward1", "SqueezeBackward0",    "SqueezeBackward1",      "SqueezeBackward2",
     "SqueezeBackward3",   "SqueezeBackward4",    "AliasBackward0",        "FlipBackward0",
@@ -284,7 +344,7 @@ const char* const kBijective[] = {
 };
 // Injective placements: some input positions may receive nothing.
 const char* const kInjective[] = {
-    "SelectBackward0",       "SliceBackward0",         "CatBackward0",          "SplitBackward0",
+    "SplitBackward0",
     "SplitWithSizesBackward0", "UnbindBackward0",      "DiagonalBackward0",     "TrilBackward0",
     "TriuBackward0",         "ConstantPadNdBackward0", "NarrowCopyBackward0",   "SliceScatterBackward0",
     "SelectScatterBackward0", "ScatterBackward0",      "ScatterBackward1",      "IndexFillBackward0",
@@ -326,6 +386,11 @@ void register_builtin_rules() {
   for (const char* name : kBijective) register_rule(name, bijective_rule, "placement");
   for (const char* name : kInjective) register_rule(name, injective_rule, "placement");
   register_rule("ExpandBackward0", broadcast_rule, "broadcast");
+  for (const char* name : {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0"})
+    register_rule(name, reshape_rule, "placement");
+  register_rule("SliceBackward0", slice_rule, "placement");
+  register_rule("SelectBackward0", select_rule, "placement");
+  register_rule("CatBackward0", cat_rule, "placement");
 
   register_rule("SumBackward0", reduction_rule(reduced_all), "reduction");
   register_rule("SumBackward1", reduction_rule(reduced_by_fields<SumBackward1>), "reduction");
