@@ -36,10 +36,11 @@ demo: build
 tiny-demo: build
 	$(VPY) -m torch_semiring demo
 
-# Kernel throughput, then backward time and peak memory per semiring on seven models (MLP, attention, CNN, small BERT, MiniLM, BERT-base, Llama)
-# (with the tensor-subclass baseline), then the LD_PRELOAD route's off-mode overhead
-# (~2 min); tables on stdout, JSON in benchmarks/results/.
-# ~17 minutes on one core of these machines (BENCH_BIG_BUDGET_S caps each big model).
+# Kernel throughput, then backward time and peak memory per semiring on the models of
+# benchmarks/models.py (MLP, attention, CNN, small BERT, MiniLM at 32/64/128/512 tokens, a Llama-style
+# decoder, BERT-base; the tensor-subclass baseline on the small ones), then the LD_PRELOAD route's
+# off-mode overhead; tables on stdout, JSON in benchmarks/results/. BENCH_SEMIRINGS / BENCH_ROUNDS and
+# `benchmarks/run.py --models …` run a part (benchmarks/README.md).
 bench: build
 	$(VPY) benchmarks/kernels.py
 	$(VPY) benchmarks/run.py
