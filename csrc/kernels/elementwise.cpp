@@ -15,9 +15,12 @@
 // functions are all internal.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
+#include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -117,7 +120,75 @@ at::Tensor run(Fused op, const std::vector<at::Tensor>& values, const at::Tensor
   return out;
 }
 
+// Offsets (in elements) of every index of `sizes` in row-major order.
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  std::vector<int64_t> out{0};
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    std::vector<int64_t> next;
+    next.reserve(out.size() * sizes[d]);
+    for (auto o : out)
+      for (int64_t i = 0; i < sizes[d]; ++i) next.push_back(o + i * strides[d]);
+    out.swap(next);
+  }
+  return out;
+}
+
+template <class T>
+bool kmax_reduce_rows(const T* a, int64_t a_c, const std::vector<int64_t>& kept, const std::vector<int64_t>& reduced,
+                      int64_t k, bool with_ids, T* out, int64_t out_c) {
+  std::atomic<bool> nan{false};
+  at::parallel_for(0, int64_t(kept.size()), 256, [&](int64_t o0, int64_t o1) {
+    std::vector<T> score(k), id(k);
+    bool seen_nan = false;
+    for (int64_t o = o0; o < o1; ++o) {
+      std::fill(score.begin(), score.end(), -std::numeric_limits<T>::infinity());
+      std::fill(id.begin(), id.end(), T(-1));
+      for (const int64_t r : reduced) {
+        const T* list = a + kept[o] + r;
+        for (int64_t e = 0; e < k; ++e) {
+          const T x = list[e * a_c];
+          if (!(x > score[k - 1])) {  // the list descends: no later entry enters either
+            for (int64_t f = e; f < k; ++f) seen_nan |= list[f * a_c] != list[f * a_c];  // (a NaN anywhere: decline)
+            break;
+          }
+          int64_t p = k - 1;
+          for (; p > 0 && x > score[p - 1]; --p) score[p] = score[p - 1], id[p] = id[p - 1];
+          score[p] = x;
+          id[p] = with_ids ? list[(k + e) * a_c] : T(0);
+        }
+      }
+      for (int64_t c = 0; c < k; ++c) {
+        out[c * out_c + o] = score[c];
+        if (with_ids) out[(k + c) * out_c + o] = id[c];
+      }
+    }
+    if (seen_nan) nan = true;
+  });
+  return !nan;
+}
+
 }  // namespace
+
+at::Tensor kmax_reduce(const at::Tensor& a, at::IntArrayRef dims, int64_t k, bool with_ids) {
+  if (k < 1 || !a.defined() || a.dim() < 1 || a.size(0) != (with_ids ? 2 * k : k) || !applies({a})) return {};
+  std::vector<int64_t> kept_sizes, kept_strides, red_sizes, red_strides;
+  for (int64_t d = 1; d < a.dim(); ++d) {
+    const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+    (reduced ? red_sizes : kept_sizes).push_back(a.size(d));
+    (reduced ? red_strides : kept_strides).push_back(a.stride(d));
+  }
+  std::vector<int64_t> shape{a.size(0)};
+  shape.insert(shape.end(), kept_sizes.begin(), kept_sizes.end());
+  auto out = at::empty(shape, a.options());
+  const auto kept = offsets_of(kept_sizes, kept_strides), reduced = offsets_of(red_sizes, red_strides);
+  const int64_t out_c = int64_t(kept.size());
+  const bool ok = a.scalar_type() == at::kFloat
+                      ? kmax_reduce_rows(a.data_ptr<float>(), a.stride(0), kept, reduced, k, with_ids,
+                                         out.data_ptr<float>(), out_c)
+                      : kmax_reduce_rows(a.data_ptr<double>(), a.stride(0), kept, reduced, k, with_ids,
+                                         out.data_ptr<double>(), out_c);
+  return ok ? out : at::Tensor();
+}
 
 at::Tensor fused_edge(Fused op, const at::Tensor& a, const at::Tensor& w) { return run(op, {a}, w); }
 at::Tensor fused_pair(Fused op, const at::Tensor& a, const at::Tensor& b) { return run(op, {a, b}, at::Tensor()); }

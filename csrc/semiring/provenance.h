@@ -153,7 +153,9 @@ class ProvenanceSemiring final : public Semiring {
     switch (kind_) {
       case Kind::MaxPlus:
       case Kind::TopK: {
-        auto lifted = kernels::fused_edge(kernels::Fused::AddLogAbs, s, w);  // one pass (E ≤ 8)
+        auto fused = kernels::fused_edge(kernels::Fused::AddLogAbsIds, a, w);  // scores and ids, one pass (E ≤ 8)
+        if (fused.defined()) return fused;
+        auto lifted = kernels::fused_edge(kernels::Fused::AddLogAbs, s, w);
         if (!lifted.defined()) lifted = s + w.abs().log();
         return pack(lifted, id.expand(at::infer_size(id.sizes(), lifted.sizes())));
       }
@@ -196,6 +198,14 @@ class ProvenanceSemiring final : public Semiring {
   }
   Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
     if (dims.empty()) return a;
+    if (kind_ == Kind::TopK) {  // one pass, no copies (kernels/elementwise.h)
+      auto out = kernels::kmax_reduce(a, dims, E_, /*with_ids=*/true);
+      if (out.defined()) {
+        if (keepdim)
+          for (auto d : dims) out = out.unsqueeze(d);
+        return out;
+      }
+    }
     // reduced dims to the end, flattened: select there, gather the ids.
     std::vector<int64_t> order{0}, kept;
     for (int64_t d = 1; d < a.dim(); ++d)
