@@ -5,6 +5,11 @@
   scores the earlier candidate wins (reduced elements in row-major order, then
   entries), an entry without a path is (−∞, id −1); NaN, requires-grad operands
   and other dtypes take the ATen path.
+* The winners of the kmax GEMM (`kernel_selecting_matmul_argmax("kmax", …)`):
+  which candidate k'·k + e each entry of a product's top-k list is, ordered by
+  (score descending, index ascending), −1 where the list has no k-th path; the
+  lists themselves equal the kmax kernel's (every k 1..8: the networks for
+  k ≠ 2^j are pruned from the next power of two).
 * kmax+paths' and viterbi+paths' ⊗ by an edge (scores and ids in one pass):
   ids kept exactly, scores within a few ulp (the kernels' log, as in test_elementwise.py).
 
@@ -195,6 +200,82 @@ def test_reduce_property(k, paths, double, keepdim, shape, data):
     sr = semiring(k, paths)
     got = sr.oplus_reduce(v, dims, keepdim)
     assert torch.equal(got, reference_reduce(v, k, dims, keepdim, paths))
+
+
+# ---- the kmax GEMM and its winners ------------------------------------------
+
+SHAPES = [  # (g batch, w batch, M, K, N): tile edges of every ISA, K = 1, broadcast batches
+    ((), (), 1, 1, 1),
+    ((), (), 5, 1, 7),
+    ((), (), 1, 9, 1),
+    ((), (), 13, 37, 33),
+    ((), (), 7, 140, 65),
+    ((3,), (3,), 6, 11, 17),
+    ((2, 1), (3,), 5, 4, 9),
+    ((), (4,), 3, 5, 2),
+]
+
+
+def reference_product(g, w, k):
+    """The k best of the k·K candidates g[e, m, k'] + log|w[k', n]| (index k'·k + e), in g's dtype."""
+    lw = w.abs().log()
+    cand = g.movedim(0, -1)[..., None] + lw[..., None, :, None, :]  # (…, M, K, k, N)
+    cand = cand.flatten(-3, -2).movedim(-1, -2)  # (…, M, N, K·k)
+    index = torch.arange(cand.size(-1), dtype=cand.dtype).expand(cand.shape)
+    best, picked = stable_top(cand, index, k)
+    return best.movedim(-1, 0), picked.movedim(-1, 0)
+
+
+def product_operands(k, gb, wb, M, K, N, gen, dtype):
+    g = kmax_lists(k, (*gb, M, K), gen, dtype)
+    w = torch.randint(-2, 3, (*wb, K, N), generator=gen).to(dtype)  # 0 (no edge), ±1 (log 0: ties), ±2
+    return g, w
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", range(1, 9))
+def test_winners(k, dtype, isa):
+    gen = torch.Generator().manual_seed(k)
+    for gb, wb, M, K, N in SHAPES:
+        g, w = product_operands(k, gb, wb, M, K, N, gen, dtype)
+        r = _C.kernel_selecting_matmul_argmax("kmax", g, w)
+        assert r is not None, (k, gb, wb, M, K, N)
+        values, idx = r
+        assert idx.dtype == torch.int32
+        best, picked = reference_product(g, w, k)
+        assert torch.equal(values, best), (k, gb, wb, M, K, N)
+        assert torch.equal(idx.to(dtype), picked), (k, gb, wb, M, K, N)
+        assert torch.equal(_C.kernel_matmul("kmax", g, w), best)  # the lists alone (pruned networks)
+
+
+def test_winners_without_paths(isa):
+    """Lists with fewer finite candidates than k, all-zero weights, −∞ rows: −∞ and −1 there."""
+    k = 6
+    g = torch.full((k, 3, 2), -INF)
+    g[0, 0, 0], g[1, 0, 0], g[0, 0, 1] = 1.0, 0.5, 2.0  # row 0: 3 candidates per column of w
+    w = torch.tensor([[1.0, 0.0, 2.0], [1.0, 0.0, -1.0]])  # column 1: no edge at all
+    values, idx = _C.kernel_selecting_matmul_argmax("kmax", g, w)
+    best, picked = reference_product(g, w, k)
+    assert torch.equal(values, best) and torch.equal(idx.float(), picked)
+    assert (idx[:, 1:] == -1).all() and (idx[3:, 0, 0] == -1).all() and (idx[:3, 0, 0] >= 0).all()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(k=st.integers(1, 8), double=st.booleans(), M=st.integers(1, 9), K=st.integers(1, 40),
+       N=st.integers(1, 40), spread=st.integers(1, 6), transposed=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_winners_property(k, double, M, K, N, spread, transposed, seed):
+    """Random products with ties (scores from few integers), strided operands: the stable-sort reference."""
+    dtype = torch.float64 if double else torch.float32
+    gen = torch.Generator().manual_seed(seed)
+    g = kmax_lists(k, (M, K), gen, dtype, -spread, spread)
+    w = torch.randint(-spread, spread + 1, (K, N), generator=gen).to(dtype)
+    if transposed:
+        g = g.transpose(1, 2).contiguous().transpose(1, 2)
+        w = w.t().contiguous().t()
+    values, idx = _C.kernel_selecting_matmul_argmax("kmax", g, w)
+    best, picked = reference_product(g, w, k)
+    assert torch.equal(values, best)
+    assert torch.equal(idx.to(dtype), picked)
 
 
 # ---- ⊗ by an edge of the path-tracking semirings ----------------------------
