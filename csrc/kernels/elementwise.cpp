@@ -190,6 +190,42 @@ at::Tensor kmax_reduce(const at::Tensor& a, at::IntArrayRef dims, int64_t k, boo
   return ok ? out : at::Tensor();
 }
 
+namespace {
+// The new value with v's scores copied, and its id rows (E, |S|) to fill
+// with fill(ids_out, ids_in) (ids_in contiguous); undefined where it does not apply.
+template <class Fill>
+at::Tensor with_new_ids(const at::Tensor& v, int64_t E, Fill fill) {
+  if (E < 1 || !v.defined() || v.dim() < 1 || v.size(0) != 2 * E || !applies({v})) return {};
+  auto out = at::empty(v.sizes(), v.options());
+  out.narrow(0, 0, E).copy_(v.narrow(0, 0, E));
+  const auto ids = v.narrow(0, E, E).contiguous();
+  if (v.scalar_type() == at::kFloat) fill(out.data_ptr<float>() + out.stride(0) * E, ids.data_ptr<float>());
+  else fill(out.data_ptr<double>() + out.stride(0) * E, ids.data_ptr<double>());
+  return out;
+}
+}  // namespace
+
+at::Tensor tag_ids(const at::Tensor& v, int64_t E, int64_t n, int64_t e) {
+  const int64_t count = v.defined() ? v.numel() / 2 : 0;
+  return with_new_ids(v, E, [&](auto* out, const auto* in) {
+    using T = std::remove_pointer_t<decltype(out)>;
+    at::parallel_for(0, count, 1 << 14, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) out[i] = in[i] >= T(0) ? in[i] * T(n) + T(e) : in[i];
+    });
+  });
+}
+
+at::Tensor origin_ids(const at::Tensor& v, int64_t E, int64_t first) {
+  const int64_t elements = v.defined() && v.dim() >= 1 && v.size(0) > 0 ? v.numel() / v.size(0) : 0;
+  return with_new_ids(v, E, [&](auto* out, const auto*) {
+    using T = std::remove_pointer_t<decltype(out)>;
+    for (int64_t entry = 0; entry < E; ++entry)
+      at::parallel_for(0, elements, 1 << 14, [&](int64_t o0, int64_t o1) {
+        for (int64_t o = o0; o < o1; ++o) out[entry * elements + o] = T(first + o) * T(E) + T(entry);
+      });
+  });
+}
+
 at::Tensor fused_edge(Fused op, const at::Tensor& a, const at::Tensor& w) { return run(op, {a}, w); }
 at::Tensor fused_pair(Fused op, const at::Tensor& a, const at::Tensor& b) { return run(op, {a, b}, at::Tensor()); }
 

@@ -48,4 +48,14 @@ at::Tensor fused_pair(Fused op, const at::Tensor& a, const at::Tensor& b);
 // where any score is NaN (the generic selection decides what NaN means).
 at::Tensor kmax_reduce(const at::Tensor& a, at::IntArrayRef dims, int64_t k, bool with_ids);
 
+// Path tracking's id bookkeeping (provenance.h) on a value v (2E, *S) — E
+// scores, then E ids, exact integers (the engine checks they fit the dtype,
+// so every order of the arithmetic gives the same ids). One pass writing a
+// new contiguous value, scores copied; undefined where it does not apply
+// (as fused_edge). Cost: O(E·|S|), in place of 4–6 ATen passes and a cat.
+// tag_ids: ids := ids·n + e where ids >= 0 ("arrived as contribution e of n").
+at::Tensor tag_ids(const at::Tensor& v, int64_t E, int64_t n, int64_t e);
+// origin_ids: ids := (first + o)·E + entry for element o of S (row-major).
+at::Tensor origin_ids(const at::Tensor& v, int64_t E, int64_t first);
+
 }  // namespace torch_semiring::kernels

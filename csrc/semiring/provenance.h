@@ -71,12 +71,16 @@ class ProvenanceSemiring final : public Semiring {
     return Semiring::norm_offdiagonal(a, x);
   }
   Tensor with_origin(const Tensor& v, int64_t first) const override {
+    auto fast = kernels::origin_ids(v, E_, first);  // one pass (CPU)
+    if (fast.defined()) return fast;
     auto elements = v.numel() / v.size(0);
     auto flat = at::arange(first, first + elements, v.options()).view(v.sizes().slice(1));
     auto entry = at::arange(E_, v.options()).view(pad_shape(v.dim()));
     return at::cat({scores(v), flat.unsqueeze(0) * E_ + entry}, 0);
   }
   Tensor tag_contributor(const Tensor& v, int64_t e, int64_t n) const override {
+    auto fast = kernels::tag_ids(v, E_, n, e);  // one pass (CPU)
+    if (fast.defined()) return fast;
     return at::cat({scores(v), at::where(ids(v) >= 0, ids(v) * n + e, ids(v))}, 0);
   }
 
