@@ -301,3 +301,48 @@ def test_paths_otimes_edge(base, k, dtype, isa):
         finite = general[:k].isfinite()
         rtol = 4e-6 if dtype == torch.float32 else 1e-13
         torch.testing.assert_close(got[:k][finite], general[:k][finite], rtol=rtol, atol=rtol)
+
+
+# ---- products and layer-norm rows of the path-tracking semirings, with their ids ----
+
+def paths_value(base, k, shape, gen, dtype):
+    """A provenance value without ties: random scores (max_prod: M ≥ m), distinct ids."""
+    x = torch.randn((2 if base == "max_prod" else k, *shape), generator=gen, dtype=torch.float64)
+    if base == "max_abs":
+        x = x.abs()
+    x = x.sort(0, descending=True).values
+    return with_ids(x.to(dtype), gen)
+
+
+@pytest.mark.parametrize("base,k", [("viterbi", 1), ("max_abs", 1), ("max_prod", 1), ("kmax", 3), ("kmax", 5)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paths_matmul_ids(base, k, dtype, isa):
+    """The kernels' winners turned into ids (one pass) equal the generic block product's, broadcast batches too."""
+    sr = _C.make_provenance(base, k)
+    gen = torch.Generator().manual_seed(k)
+    for gb, wb, M, K, N in [((), (), 7, 40, 33), ((3,), (3,), 5, 9, 17), ((2, 1), (3,), 4, 6, 5), ((2,), (), 3, 20, 8)]:
+        v = paths_value(base, k, (*gb, M, K), gen, dtype)
+        w = torch.randn((*wb, K, N), generator=gen, dtype=dtype)
+        w.view(-1)[::5] = 0.0  # no edge (a whole column of w for N = 5: no path at all there)
+        got, ref = sr.matmul(v, w), general_path(sr.matmul, v, w)
+        E = got.size(0) // 2
+        assert torch.equal(got[:E], ref[:E]), (base, gb, wb)
+        # an entry without a path: id −1 here; the generic block product keeps some id beside its −∞ / 0
+        path = got[:E] > (0.0 if base == "max_abs" else -INF)
+        if base == "max_prod":
+            path = got[:1].isfinite().expand(2, *got.shape[1:])
+        assert torch.equal(got[E:][path], ref[E:][path]), (base, gb, wb)
+        assert (got[E:][~path] == -1).all()
+
+
+@pytest.mark.parametrize("base,k", [("viterbi", 1), ("max_abs", 1), ("kmax", 4)])
+def test_paths_norm_rows_ids(base, k):
+    """Layer-norm rows with ids: the ids the row kernels' winners name equal the generic block version's."""
+    sr = _C.make_provenance(base, k)
+    gen = torch.Generator().manual_seed(5)
+    a = paths_value(base, k, (6, 30), gen, torch.float64)
+    x = torch.nn.functional.layer_norm(torch.randn(6, 30, generator=gen, dtype=torch.float64), (30,))
+    got, ref = sr.norm_offdiagonal(a, x), sr.generic_norm_offdiagonal(a, x)
+    E = a.size(0) // 2
+    torch.testing.assert_close(got[:E], ref[:E], rtol=1e-12, atol=1e-12)
+    assert torch.equal(got[E:], ref[E:])

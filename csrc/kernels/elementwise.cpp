@@ -226,6 +226,49 @@ at::Tensor origin_ids(const at::Tensor& v, int64_t E, int64_t first) {
   });
 }
 
+at::Tensor winners_with_ids(const at::Tensor& values, const at::Tensor& winner, const at::Tensor& ids, int64_t E) {
+  if (E < 1 || !values.defined() || !winner.defined() || !ids.defined() || !applies({values, ids}) ||
+      winner.scalar_type() != at::kInt || !winner.device().is_cpu() || !winner.sizes().equals(values.sizes()) ||
+      values.dim() < 3 || ids.dim() != values.dim() || ids.size(0) != E)
+    return {};
+  const int64_t d = values.dim();
+  for (int64_t i = 1; i < d - 1; ++i)
+    if (ids.size(i) != values.size(i)) return {};
+  const int64_t C = values.size(0), N = values.size(-1), K = ids.size(-1);
+  std::vector<int64_t> row_sizes, row_strides;  // (*B, M) of ids
+  for (int64_t i = 1; i < d - 1; ++i) row_sizes.push_back(ids.size(i)), row_strides.push_back(ids.stride(i));
+  const auto rows = offsets_of(row_sizes, row_strides);
+  const int64_t R = int64_t(rows.size());
+  const auto win = winner.contiguous();
+  auto out_sizes = values.sizes().vec();
+  out_sizes[0] = 2 * C;
+  auto out = at::empty(out_sizes, values.options());
+  out.narrow(0, 0, C).copy_(values);
+  std::atomic<bool> bad{false};
+  auto fill = [&](auto* o, const auto* id) {
+    using T = std::remove_pointer_t<decltype(o)>;
+    const int32_t* w = win.data_ptr<int32_t>();
+    const int64_t e_stride = ids.stride(0), k_stride = ids.stride(-1), limit = K * E;
+    at::parallel_for(0, C * R, 16, [&](int64_t q0, int64_t q1) {
+      bool ok = true;
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t r = q % R;
+        const int32_t* wr = w + q * N;
+        T* orow = o + q * N;
+        for (int64_t n = 0; n < N; ++n) {
+          const int64_t x = wr[n];
+          ok &= x >= -1 && x < limit;
+          orow[n] = x >= 0 && x < limit ? id[rows[r] + x % E * e_stride + x / E * k_stride] : T(-1);
+        }
+      }
+      if (!ok) bad = true;
+    });
+  };
+  if (values.scalar_type() == at::kFloat) fill(out.data_ptr<float>() + C * R * N, ids.data_ptr<float>());
+  else fill(out.data_ptr<double>() + C * R * N, ids.data_ptr<double>());
+  return bad ? at::Tensor() : out;
+}
+
 at::Tensor fused_edge(Fused op, const at::Tensor& a, const at::Tensor& w) { return run(op, {a}, w); }
 at::Tensor fused_pair(Fused op, const at::Tensor& a, const at::Tensor& b) { return run(op, {a, b}, at::Tensor()); }
 

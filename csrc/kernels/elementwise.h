@@ -57,5 +57,12 @@ at::Tensor kmax_reduce(const at::Tensor& a, at::IntArrayRef dims, int64_t k, boo
 at::Tensor tag_ids(const at::Tensor& v, int64_t E, int64_t n, int64_t e);
 // origin_ids: ids := (first + o)·E + entry for element o of S (row-major).
 at::Tensor origin_ids(const at::Tensor& v, int64_t E, int64_t first);
+// The value (2C, *B, M, N) of a selecting product or row kernel that
+// reported winners: values (C, *B, M, N) and winner (int32, same shape,
+// contiguous; w = k·E + entry, −1 for no path) → scores = values, id =
+// ids[entry, *b, m, k] (−1 for none). ids: (E, *B, M, K), any strides
+// (broadcast too). One pass, in place of cast, clamp, gather, where and cat;
+// undefined where it does not apply, or for a winner outside [−1, K·E).
+at::Tensor winners_with_ids(const at::Tensor& values, const at::Tensor& winner, const at::Tensor& ids, int64_t E);
 
 }  // namespace torch_semiring::kernels

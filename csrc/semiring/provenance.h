@@ -51,6 +51,8 @@ class ProvenanceSemiring final : public Semiring {
       Tensor winner;
       auto best = kernels::topk_rows(scores(a), x, &winner);
       if (best.defined()) {
+        auto fast = kernels::winners_with_ids(best.to(a.scalar_type()), winner, ids(a), E_);  // one pass (CPU)
+        if (fast.defined()) return fast;
         auto id = ids(a);  // (E, R, N) → (R, N·E) with column i·E + e
         auto flat = id.permute({1, 2, 0}).reshape({id.size(1), -1});
         auto index = winner.to(at::kLong).clamp_min(0);  // (E, R, N)
@@ -63,6 +65,8 @@ class ProvenanceSemiring final : public Semiring {
       Tensor winner;
       auto best = kernels::max_rows(scores(a).select(0, 0), x, /*log_space=*/kind_ == Kind::MaxPlus, &winner);
       if (best.defined()) {
+        auto fast = kernels::winners_with_ids(best.to(a.scalar_type()).unsqueeze(0), winner.unsqueeze(0), ids(a), 1);
+        if (fast.defined()) return fast;
         auto index = winner.to(at::kLong).clamp_min(0);
         auto picked = at::where(winner < 0, -1.0, ids(a).select(0, 0).gather(1, index));
         return at::stack({best.to(a.scalar_type()), picked.to(a.scalar_type())});
@@ -112,6 +116,8 @@ class ProvenanceSemiring final : public Semiring {
       winner = winner.unsqueeze(0);
     }
     if (!values.defined()) return {};
+    auto fast = kernels::winners_with_ids(values, winner, id_ops.g, E_);  // one pass (CPU)
+    if (fast.defined()) return fast;
     auto candidates = id_ops.g.movedim(0, -1).flatten(-2, -1);  // (*batch, M, K·E): column k·E + entry
     auto index = winner.to(at::kLong).clamp_min(0);
     auto shape = index.sizes().vec();
