@@ -447,6 +447,31 @@ TS_TILE_FN void exchange_by_blend(V& x, V& y) {
   x = hi, y = lo;
 }
 
+// Whether some lane of x is > y (NaN: no).
+template <class V>
+TS_TILE_FN bool any_greater(V x, V y) {
+  constexpr bool f32 = sizeof(x[0]) == 4;
+#if defined(__x86_64__)
+  if constexpr (sizeof(V) == 64) {
+    unsigned short k;
+    if constexpr (f32) asm("vcmpps $30, %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y));  // GT_OQ
+    else asm("vcmppd $30, %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y));
+    return k != 0;
+  } else if constexpr (sizeof(V) == 32) {
+    const auto m = x > y;
+    int bits;
+    if constexpr (f32) asm("vmovmskps %[m], %[b]" : [b] "=r"(bits) : [m] "x"(m));
+    else asm("vmovmskpd %[m], %[b]" : [b] "=r"(bits) : [m] "x"(m));
+    return bits != 0;
+  }
+#endif
+  constexpr int L = sizeof(V) / sizeof(x[0]);
+  const auto m = x > y;
+  bool any = false;
+  for (int l = 0; l < L; ++l) any |= m[l] != 0;
+  return any;
+}
+
 // kmax's top-E merge (TopKMerge) with the first kBlended compare-exchanges of
 // the bitonic network done by exchange_by_blend. Per term and vector: the
 // adds (FMA pipes), the maxes of the front and of the half exchanges, and 2
@@ -473,8 +498,14 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
       }
     }
   };
+  // Nothing enters a list where the best term of g's list, a[0] + b, does not
+  // beat its E-th score (a's list descends; a term equal to it leaves the
+  // values as they are): then one add and one compare replace the network.
+  // Once the lists fill up, most terms of a product end there.
   template <class V, class T>
-  TS_TILE_FN static void update(V* acc, const T* a, V b) { Base::merge(acc, a, b, Exchange{}); }
+  TS_TILE_FN static void update(V* acc, const T* a, V b) {
+    if (any_greater(Term::term(a[0], b), acc[E - 1])) Base::merge(acc, a, b, Exchange{});
+  }
 };
 
 // Register budget: MR·NV·C accumulators (+ MR·NV argmax vectors) plus the NV
