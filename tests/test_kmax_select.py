@@ -12,6 +12,8 @@
   k ≠ 2^j are pruned from the next power of two).
 * kmax+paths' and viterbi+paths' ⊗ by an edge (scores and ids in one pass):
   ids kept exactly, scores within a few ulp (the kernels' log, as in test_elementwise.py).
+* Products and layer-norm rows of the path-tracking semirings: the ids looked
+  up from the kernels' winners against the generic block versions.
 
 The references of the selections run in the operands' dtype, so the same
 roundings happen: those comparisons are exact (torch.equal), ids included.
