@@ -447,38 +447,64 @@ TS_TILE_FN void exchange_by_blend(V& x, V& y) {
   x = hi, y = lo;
 }
 
-// kmax's top-KP merge (TopKMerge) with the first kBlended compare-exchanges of
-// the bitonic network done by exchange_by_blend. Per term and vector KP adds
-// (FMA pipes), KP maxes and (KP/2)·log2(KP) exchanges, 2 ops each: all on the
-// FP-add pipes they would take 2 cycles per exchange pair; moving the fewest
+// Whether some lane of x is > y (NaN: no).
+template <class V>
+TS_TILE_FN bool any_greater(V x, V y) {
+  constexpr bool f32 = sizeof(x[0]) == 4;
+#if defined(__x86_64__)
+  if constexpr (sizeof(V) == 64) {
+    unsigned short k;
+    if constexpr (f32) asm("vcmpps $30, %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y));  // GT_OQ
+    else asm("vcmppd $30, %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y));
+    return k != 0;
+  } else if constexpr (sizeof(V) == 32) {
+    const auto m = x > y;
+    int bits;
+    if constexpr (f32) asm("vmovmskps %[m], %[b]" : [b] "=r"(bits) : [m] "x"(m));
+    else asm("vmovmskpd %[m], %[b]" : [b] "=r"(bits) : [m] "x"(m));
+    return bits != 0;
+  }
+#endif
+  constexpr int L = sizeof(V) / sizeof(x[0]);
+  const auto m = x > y;
+  bool any = false;
+  for (int l = 0; l < L; ++l) any |= m[l] != 0;
+  return any;
+}
+
+// kmax's top-E merge (TopKMerge) with the first kBlended compare-exchanges of
+// the bitonic network done by exchange_by_blend. Per term and vector: the
+// adds (FMA pipes), the maxes of the front and of the half exchanges, and 2
+// ops per full exchange, all on the FP-add pipes. Moving the fewest full
 // exchanges that balance the pipes, (S − F)/5 rounded up with F, S the ops
-// on each pair of pipes, gives KP = 4: 6 → 4.5 cycles, KP = 8: 16 → ~11.3.
-template <int KP, class Term>
-struct TopKMergeKernel : TopKMerge<KP, Term> {
-  static constexpr int kExchanges = KP / 2 * (KP == 2 ? 1 : KP == 4 ? 2 : 3);
-  static constexpr int kBlended = (2 * kExchanges + 4) / 5;  // ceil((S − F)/5): S − F = 2·kExchanges
-  template <class V, class T>
-  TS_TILE_FN static void update(V* acc, const T* a, V b) {
-    V c[KP];
-    TS_UNROLL(8)
-    for (int q = 0; q < KP; ++q) c[q] = max_keep(acc[q], Term::term(a[KP - 1 - q], b));
-    int exchange = 0;
-    TS_UNROLL(4)
-    for (int d = KP / 2; d >= 1; d /= 2) {
-      TS_UNROLL(8)
-      for (int i = 0; i < KP; ++i) {
-        if (i & d) continue;
-        if (exchange++ < kBlended) {
-          exchange_by_blend(c[i], c[i + d]);
-        } else {
-          V hi = max_keep(c[i + d], c[i]), lo = min_keep(c[i + d], c[i]);
-          c[i] = hi;
-          c[i + d] = lo;
-        }
+// on each pair of pipes, gives KP = E = 4: 6 → 4.5 cycles, KP = E = 8:
+// 16 → ~11.3, E = 5 (KP = 8): 5 adds + 21 max/min → ~6.
+template <int KP, class Term, int E = KP>
+struct TopKMergeKernel : TopKMerge<KP, Term, E> {
+  using Base = TopKMerge<KP, Term, E>;
+  static constexpr int kFront = 2 * E - KP;  // lanes with both lists present: a max
+  static constexpr int kTerms = E;
+  static constexpr int kFull = Base::exchanges(true), kHalf = Base::exchanges(false);
+  static constexpr int kSlow = kFront + 2 * kFull + kHalf, kFast = kTerms;
+  static constexpr int kBlended = kSlow > kFast ? (kSlow - kFast + 4) / 5 : 0;
+  struct Exchange {
+    template <class V>
+    TS_TILE_FN void operator()(V& x, V& y, int n) const {
+      if (n < kBlended) {
+        exchange_by_blend(x, y);
+      } else {
+        const V hi = max_keep(y, x), lo = min_keep(y, x);
+        x = hi, y = lo;
       }
     }
-    TS_UNROLL(8)
-    for (int q = 0; q < KP; ++q) acc[q] = c[q];
+  };
+  // Nothing enters a list where the best term of g's list, a[0] + b, does not
+  // beat its E-th score (a's list descends; a term equal to it leaves the
+  // values as they are): then one add and one compare replace the network.
+  // Once the lists fill up, most terms of a product end there.
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* a, V b) {
+    if (any_greater(Term::term(a[0], b), acc[E - 1])) Base::merge(acc, a, b, Exchange{});
   }
 };
 
@@ -545,6 +571,154 @@ bool (*pick_kernel(Isa isa))(const Job<T>&) {
     case Isa::kAvx2: return &run_avx2<Op, T, ARG>;
 #endif
     default: return &run_portable<Op, T, ARG>;
+  }
+}
+
+// ---- kmax with argmax: the winners of each top-k list -----------------------
+//
+// Which candidates (k', e) make the list best[·, m, n] of a kmax(k) product,
+// given that list from the kmax kernel: a winner scores at least
+// t = best[k−1, m, n], the k-th best, and as every list of g is descending,
+// g[e, m, k'] + b <= g[0, m, k'] + b: only the columns k' whose FIRST entry
+// reaches t can hold one. So a pass shaped like a max-plus product (per term
+// and vector: one add, one compare into a mask) finds those hits — at most k
+// columns per output, plus ties — and scalar code walks each hit's entries
+// while they reach t. A candidate x >= t is in the list, at the slot
+// p = #{best > x} or, when earlier candidates took that slot at an equal
+// score, the next free slot holding x (none free: a tie past the k-th, it
+// stays out): visiting k' and then e in increasing order, equal scores get
+// their slots in order of the index k'·k + e. The list itself is the
+// kernel's; only the indices are written. A finite score left without an
+// index (the kernel and this pass disagreeing, which they cannot: both add
+// the same two numbers with one rounding) would fail the product.
+// (Carrying the indices through TopKMerge's network instead needs a mask and
+// two more blends per compare-exchange: ~2× the kmax product's time.)
+// Cost: the scan ~ a max-plus product; O(k) per candidate that reaches t.
+template <class T>
+struct WinnersJob {
+  int64_t M, N, K, E;
+  const T* a;     // g's scores (E, M, K), strided
+  int64_t a_c, a_m, a_k;
+  const T* bpack; // B, panel-major as for the product (NR lanes)
+  const T* best;  // the lists (E, M, N): component stride b_c, contiguous (M, N)
+  int64_t b_c;
+  int32_t* idx;   // their winners, −1 on entry (E, M, N): component stride i_c
+  int64_t i_c;
+};
+
+// Bit l set where lane l of x is >= t (NaN: not set).
+template <class V>
+TS_TILE_FN uint32_t ge_bits(V x, V t) {
+  constexpr int L = sizeof(V) / sizeof(x[0]);
+#if defined(__x86_64__)
+  if constexpr (sizeof(V) == 64 && L == 16) {
+    unsigned short k;
+    asm("vcmpps $29, %[t], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [t] "v"(t));  // GE_OQ
+    return k;
+  } else if constexpr (sizeof(V) == 64) {
+    unsigned char k;
+    asm("vcmppd $29, %[t], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [t] "v"(t));
+    return k;
+  }
+#endif
+  const auto m = x >= t;
+  uint32_t bits = 0;
+  for (int l = 0; l < L; ++l) bits |= uint32_t(m[l] != 0) << l;
+  return bits;
+}
+
+// Gives candidate x (>= the list's last score) its slot in the descending
+// list `best` of E scores (strides bs, is), as described above.
+template <class T>
+inline void place_candidate(const T* best, int32_t* idx, int64_t bs, int64_t is, int64_t E, T x, int32_t code) {
+  int64_t p = 0;
+  for (int64_t j = 0; j < E; ++j) p += best[j * bs] > x;
+  while (p < E && best[p * bs] == x && idx[p * is] >= 0) ++p;
+  if (p < E && best[p * bs] == x) idx[p * is] = code;
+}
+
+// The hits of column k for the tile at (m0, n0): bits[i·NV + j] lane l.
+// b: B's row k of the panel; thr: the tile's thresholds (NaN outside M × N).
+template <class T, int MR, int NR, int L>
+__attribute__((noinline)) void take_hits(const WinnersJob<T>& J, const uint32_t* bits, int64_t m0, int64_t n0,
+                                         int64_t k, const T* b, const T* thr) {
+  for (int h = 0; h < MR * (NR / L); ++h) {
+    for (uint32_t rest = bits[h]; rest; rest &= rest - 1) {
+      const int i = h / (NR / L), c = h % (NR / L) * L + __builtin_ctz(rest);
+      const int64_t m = m0 + i, n = n0 + c;
+      const T t = thr[i * NR + c], bk = b[c];
+      const T* a = J.a + m * J.a_m + k * J.a_k;
+      const T* best = J.best + m * J.N + n;
+      int32_t* ix = J.idx + m * J.N + n;
+      for (int64_t e = 0; e < J.E; ++e) {
+        const T x = a[e * J.a_c] + bk;  // the kernel's term, bit for bit (MaxPlusOnFma: one rounding)
+        if (!(x >= t)) break;           // the list descends: no later entry reaches t
+        place_candidate(best, ix, J.b_c, J.i_c, J.E, x, int32_t(k * J.E + e));
+      }
+    }
+  }
+}
+
+template <class T, class V, int MR, int NV>
+TS_TILE_FN void run_winners(const WinnersJob<T>& J) {
+  constexpr int L = sizeof(V) / sizeof(T), NR = NV * L;
+  constexpr T nan = std::numeric_limits<T>::quiet_NaN(), lowest = std::numeric_limits<T>::lowest();
+  const int64_t M = J.M, N = J.N, K = J.K;
+  const T* last = J.best + (J.E - 1) * J.b_c;  // the k-th best of each output
+  alignas(64) T thr[MR * NR];
+  for (int64_t n0 = 0; n0 < N; n0 += NR) {
+    const T* bp = J.bpack + n0 * K;  // panel n0 / NR
+    for (int64_t m0 = 0; m0 < M; m0 += MR) {
+      // A list with fewer than E scores has t = −∞: then every finite
+      // candidate wins (there are fewer than E of them), none of −∞.
+      for (int i = 0; i < MR; ++i)
+        for (int c = 0; c < NR; ++c)
+          thr[i * NR + c] = m0 + i < M && n0 + c < N ? std::max(last[(m0 + i) * N + n0 + c], lowest) : nan;
+      V t[MR][NV];
+      const T* rows[MR];
+      for (int i = 0; i < MR; ++i) {
+        for (int j = 0; j < NV; ++j) t[i][j] = load<V>(thr + i * NR + j * L);
+        rows[i] = J.a + std::min(m0 + i, M - 1) * J.a_m;  // rows past M: thresholds NaN, no hits
+      }
+      for (int64_t k = 0; k < K; ++k) {
+        V b[NV];
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) b[j] = load<V>(bp + k * NR + j * L);
+        uint32_t bits[MR * NV], any = 0;
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+            bits[i * NV + j] = ge_bits(MaxPlusKernel::term(rows[i][k * J.a_k], b[j]), t[i][j]);
+            any |= bits[i * NV + j];
+          }
+        }
+        if (any) take_hits<T, MR, NR, L>(J, bits, m0, n0, k, bp + k * NR, thr);
+      }
+    }
+  }
+}
+
+#if defined(__x86_64__) || defined(__i386__)
+template <class T>
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void winners_avx512(const WinnersJob<T>& J) {
+  run_winners<T, typename VecOf<T, 64>::type, 4, 2>(J);
+}
+template <class T>
+__attribute__((target("avx2,fma"), flatten)) void winners_avx2(const WinnersJob<T>& J) {
+  run_winners<T, typename VecOf<T, 32>::type, 4, 2>(J);
+}
+#endif
+template <class T>
+__attribute__((flatten)) void winners_portable(const WinnersJob<T>& J) {
+  run_winners<T, typename VecOf<T, 16>::type, 4, 2>(J);
+}
+
+template <class T>
+void (*pick_winners(Isa isa))(const WinnersJob<T>&) {
+  switch (isa) {
+#if defined(__x86_64__) || defined(__i386__)
+    case Isa::kAvx512: return &winners_avx512<T>;
+    case Isa::kAvx2: return &winners_avx2<T>;
+#endif
+    default: return &winners_portable<T>;
   }
 }
 
@@ -729,17 +903,15 @@ void* a_block_buffer(int64_t bytes) {
 // (C, *batch, M, N) result; idx: contiguous (C, *batch, M, N) (one-component
 // products: (*batch, M, N)) or nullptr. False
 // when w or g holds an entry the kernel does not accept.
-template <class Op, class T, bool ARG, Lift LIFT>
-bool launch(Isa isa, const Tensor& a, const Tensor& w, Tensor& out, Tensor* idx) {
-  constexpr int C = Op::kComponents;
-  WeightPanels<T, LIFT> panels(w, isa);
-  if (!panels.ok()) return false;
-  const int64_t M = a.size(-2), K = a.size(-1), N = w.size(-1);
+// Calls job(e, a_offset, w_entry) for every batch entry e (row-major) of a
+// product of a (C', *batch, M, K) and w (*wb, K, N): the offset of the entry
+// in a and which entry of w (w's batch dims right-aligned, size-1 dims
+// broadcast) it uses. Stops at the first job that returns false.
+template <class Job>
+bool for_each_batch_entry(const Tensor& a, const Tensor& w, Job&& job) {
   std::vector<int64_t> batch(a.sizes().begin() + 1, a.sizes().end() - 2);
   int64_t nbatch = 1;
   for (auto s : batch) nbatch *= s;
-  // Which entry of w a batch position uses: w's batch dims right-aligned,
-  // size-1 dims broadcast.
   const int64_t lead = int64_t(batch.size()) - (w.dim() - 2);
   std::vector<int64_t> w_step(batch.size(), 0);
   for (int64_t d = int64_t(batch.size()) - 1, step = 1; d >= lead; --d) {
@@ -747,7 +919,28 @@ bool launch(Isa isa, const Tensor& a, const Tensor& w, Tensor& out, Tensor* idx)
     w_step[d] = size == 1 ? 0 : step;
     step *= size;
   }
+  std::vector<int64_t> pos(batch.size(), 0);
+  for (int64_t e = 0; e < nbatch; ++e) {
+    int64_t oa = 0, entry = 0;
+    for (size_t d = 0; d < batch.size(); ++d) {
+      oa += pos[d] * a.stride(1 + d);
+      entry += pos[d] * w_step[d];
+    }
+    if (!job(e, oa, entry)) return false;
+    for (int64_t d = int64_t(batch.size()) - 1; d >= 0; --d) {  // next batch multi-index
+      if (++pos[d] < batch[d]) break;
+      pos[d] = 0;
+    }
+  }
+  return true;
+}
 
+template <class Op, class T, bool ARG, Lift LIFT>
+bool launch(Isa isa, const Tensor& a, const Tensor& w, Tensor& out, Tensor* idx) {
+  constexpr int C = Op::kComponents;
+  WeightPanels<T, LIFT> panels(w, isa);
+  if (!panels.ok()) return false;
+  const int64_t M = a.size(-2), K = a.size(-1), N = w.size(-1);
   // A: one L2 block plus a strip of rounding.
   const int64_t a_elems = kL2BlockBytes / int64_t(sizeof(T)) + 12 * 512 * C;
 
@@ -759,25 +952,46 @@ bool launch(Isa isa, const Tensor& a, const Tensor& w, Tensor& out, Tensor* idx)
   J.c_c = out.stride(0);
   J.i_c = idx ? idx->stride(0) : 0;
   J.apack = static_cast<T*>(a_block_buffer(a_elems * int64_t(sizeof(T))));
-  std::vector<int64_t> pos(batch.size(), 0);
-  for (int64_t e = 0; e < nbatch; ++e) {
-    int64_t oa = 0, entry = 0;
-    for (size_t d = 0; d < batch.size(); ++d) {
-      oa += pos[d] * a.stride(1 + d);
-      entry += pos[d] * w_step[d];
-    }
-    J.a = a.data_ptr<T>() + oa;
+  const bool ok = for_each_batch_entry(a, w, [&](int64_t e, int64_t a_offset, int64_t entry) {
+    J.a = a.data_ptr<T>() + a_offset;
     J.bpack = panels.entry(entry);
     if (!J.bpack) return false;
     J.c = out.data_ptr<T>() + e * M * N;
     J.idx = idx ? idx->data_ptr<int32_t>() + e * M * N : nullptr;
-    if (!kernel(J)) return false;
-    for (int64_t d = int64_t(batch.size()) - 1; d >= 0; --d) {  // next batch multi-index
-      if (++pos[d] < batch[d]) break;
-      pos[d] = 0;
-    }
-  }
-  count_kernel_call();
+    return kernel(J);
+  });
+  if (ok) count_kernel_call();
+  return ok;
+}
+
+// The winners of a kmax product's lists (see WinnersJob): a (E, *batch, M, K)
+// g's scores, w the distinct entries of the weight, best the kmax kernel's
+// lists (E, *batch, M, N) contiguous; fills idx (same shape, −1 on entry).
+// False where a finite score got no index (see WinnersJob).
+template <class T>
+bool launch_winners(Isa isa, const Tensor& a, const Tensor& w, const Tensor& best, Tensor& idx) {
+  WeightPanels<T, Lift::kLogAbs> panels(w, isa);
+  if (!panels.ok()) return false;
+  const int64_t M = a.size(-2), K = a.size(-1), N = w.size(-1);
+  auto run = pick_winners<T>(isa);
+  WinnersJob<T> J;
+  J.M = M, J.N = N, J.K = K, J.E = a.size(0);
+  J.a_c = a.stride(0), J.a_m = a.stride(-2), J.a_k = a.stride(-1);
+  J.b_c = best.stride(0), J.i_c = idx.stride(0);
+  const bool ran = for_each_batch_entry(a, w, [&](int64_t e, int64_t a_offset, int64_t entry) {
+    J.a = a.data_ptr<T>() + a_offset;
+    J.bpack = panels.entry(entry);
+    if (!J.bpack) return false;
+    J.best = best.data_ptr<T>() + e * M * N;
+    J.idx = idx.data_ptr<int32_t>() + e * M * N;
+    run(J);
+    return true;
+  });
+  if (!ran) return false;
+  const T* b = best.data_ptr<T>();
+  const int32_t* i = idx.data_ptr<int32_t>();
+  for (int64_t q = 0, n = best.numel(); q < n; ++q)
+    if (b[q] > -std::numeric_limits<T>::infinity() && i[q] < 0) return false;
   return true;
 }
 
@@ -911,39 +1125,39 @@ Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k) {
     auto out = at::empty(ops.out_shape, g.options());
     return run_product<MaxPlusKernel, Lift::kLogAbs, false>(ops.g, w, out, nullptr) ? out : Tensor();
   }
-  // Lists padded with −∞ to a power of two (packing pads g; the padded scores
-  // stay −∞ and are cut off).
-  const int64_t kp = k <= 2 ? 2 : k <= 4 ? 4 : 8;
-  auto shape = ops.out_shape;
-  shape[0] = kp;
-  auto out = at::empty(shape, g.options());
-  const bool ok =
-      kp == 2   ? run_product<TopKMergeKernel<2, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr)
-      : kp == 4 ? run_product<TopKMergeKernel<4, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr)
-                : run_product<TopKMergeKernel<8, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr);
-  return ok ? out.narrow(0, 0, k) : Tensor();
+  auto out = at::empty(ops.out_shape, g.options());
+  bool ok = false;
+  switch (k) {  // the network of the power of two >= k, pruned to k lanes
+    case 2: ok = run_product<TopKMergeKernel<2, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr); break;
+    case 3: ok = run_product<TopKMergeKernel<4, MaxPlusKernel, 3>, Lift::kLogAbs, false>(ops.g, w, out, nullptr); break;
+    case 4: ok = run_product<TopKMergeKernel<4, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr); break;
+    case 5: ok = run_product<TopKMergeKernel<8, MaxPlusKernel, 5>, Lift::kLogAbs, false>(ops.g, w, out, nullptr); break;
+    case 6: ok = run_product<TopKMergeKernel<8, MaxPlusKernel, 6>, Lift::kLogAbs, false>(ops.g, w, out, nullptr); break;
+    case 7: ok = run_product<TopKMergeKernel<8, MaxPlusKernel, 7>, Lift::kLogAbs, false>(ops.g, w, out, nullptr); break;
+    default: ok = run_product<TopKMergeKernel<8, MaxPlusKernel>, Lift::kLogAbs, false>(ops.g, w, out, nullptr);
+  }
+  return ok ? out : Tensor();
 }
 
 std::tuple<Tensor, Tensor> kmax_matmul_argmax(const Tensor& g, const Tensor& w, int64_t k) {
   BatchedOperands ops;
   if (k < 1 || k > 8 || g.size(0) != k || !kernel_applies(g, w, ops)) return {};
-  const int64_t kp = k == 1 ? 1 : k <= 2 ? 2 : k <= 4 ? 4 : 8;
-  if (!index_fits(ops.g.size(-1), kp)) return {};
-  auto shape = ops.out_shape;
-  shape[0] = kp;
-  auto out = at::empty(shape, g.options());
-  auto idx = at::empty(shape, g.options().dtype(at::kInt));
-  const bool ok =
-      kp == 1   ? run_product<MaxPlusKernel, Lift::kLogAbs, true>(ops.g, w, out, &idx)
-      : kp == 2 ? run_product<TopKMergeKernel<2, MaxPlusKernel>, Lift::kLogAbs, true>(ops.g, w, out, &idx)
-      : kp == 4 ? run_product<TopKMergeKernel<4, MaxPlusKernel>, Lift::kLogAbs, true>(ops.g, w, out, &idx)
-                : run_product<TopKMergeKernel<8, MaxPlusKernel>, Lift::kLogAbs, true>(ops.g, w, out, &idx);
-  if (!ok) return {};
-  idx = idx.narrow(0, 0, k);
-  // k'·KP + e (the kernel's padded lists) → k'·k + e; e < k always (the
-  // padding is −∞ and never taken), −1 stays −1.
-  if (kp != k) idx = at::where(idx >= 0, idx.div(kp, "floor") * k + idx.remainder(kp), idx);
-  return {out.narrow(0, 0, k), idx};
+  if (!index_fits(ops.g.size(-1), k)) return {};
+  auto idx = at::empty(ops.out_shape, g.options().dtype(at::kInt));
+  if (k == 1) {  // one score: the max-plus product with its argmax
+    auto out = at::empty(ops.out_shape, g.options());
+    if (!run_product<MaxPlusKernel, Lift::kLogAbs, true>(ops.g, w, out, &idx)) return {};
+    return {out, idx};
+  }
+  // The lists, then their winners (WinnersJob).
+  auto best = kmax_matmul(g, w, k);
+  if (!best.defined()) return {};
+  idx.fill_(-1);
+  const Isa isa = detect_isa();
+  const Tensor entries = distinct_entries(w);
+  const bool ok = g.scalar_type() == at::kFloat ? launch_winners<float>(isa, ops.g, entries, best, idx)
+                                                : launch_winners<double>(isa, ops.g, entries, best, idx);
+  return ok ? std::make_tuple(best, idx) : std::tuple<Tensor, Tensor>();
 }
 
 }  // namespace kernels

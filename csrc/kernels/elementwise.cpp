@@ -15,9 +15,12 @@
 // functions are all internal.
 #pragma GCC diagnostic ignored "-Wpsabi"
 
+#include <ATen/Parallel.h>
 #include <ATen/TensorIterator.h>
 #include <ATen/core/grad_mode.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -117,7 +120,154 @@ at::Tensor run(Fused op, const std::vector<at::Tensor>& values, const at::Tensor
   return out;
 }
 
+// Offsets (in elements) of every index of `sizes` in row-major order.
+std::vector<int64_t> offsets_of(const std::vector<int64_t>& sizes, const std::vector<int64_t>& strides) {
+  std::vector<int64_t> out{0};
+  for (size_t d = 0; d < sizes.size(); ++d) {
+    std::vector<int64_t> next;
+    next.reserve(out.size() * sizes[d]);
+    for (auto o : out)
+      for (int64_t i = 0; i < sizes[d]; ++i) next.push_back(o + i * strides[d]);
+    out.swap(next);
+  }
+  return out;
+}
+
+template <class T>
+bool kmax_reduce_rows(const T* a, int64_t a_c, const std::vector<int64_t>& kept, const std::vector<int64_t>& reduced,
+                      int64_t k, bool with_ids, T* out, int64_t out_c) {
+  std::atomic<bool> nan{false};
+  at::parallel_for(0, int64_t(kept.size()), 256, [&](int64_t o0, int64_t o1) {
+    std::vector<T> score(k), id(k);
+    bool seen_nan = false;
+    for (int64_t o = o0; o < o1; ++o) {
+      std::fill(score.begin(), score.end(), -std::numeric_limits<T>::infinity());
+      std::fill(id.begin(), id.end(), T(-1));
+      for (const int64_t r : reduced) {
+        const T* list = a + kept[o] + r;
+        for (int64_t e = 0; e < k; ++e) {
+          const T x = list[e * a_c];
+          if (!(x > score[k - 1])) {  // the list descends: no later entry enters either
+            for (int64_t f = e; f < k; ++f) seen_nan |= list[f * a_c] != list[f * a_c];  // (a NaN anywhere: decline)
+            break;
+          }
+          int64_t p = k - 1;
+          for (; p > 0 && x > score[p - 1]; --p) score[p] = score[p - 1], id[p] = id[p - 1];
+          score[p] = x;
+          id[p] = with_ids ? list[(k + e) * a_c] : T(0);
+        }
+      }
+      for (int64_t c = 0; c < k; ++c) {
+        out[c * out_c + o] = score[c];
+        if (with_ids) out[(k + c) * out_c + o] = id[c];
+      }
+    }
+    if (seen_nan) nan = true;
+  });
+  return !nan;
+}
+
 }  // namespace
+
+at::Tensor kmax_reduce(const at::Tensor& a, at::IntArrayRef dims, int64_t k, bool with_ids) {
+  if (k < 1 || !a.defined() || a.dim() < 1 || a.size(0) != (with_ids ? 2 * k : k) || !applies({a})) return {};
+  std::vector<int64_t> kept_sizes, kept_strides, red_sizes, red_strides;
+  for (int64_t d = 1; d < a.dim(); ++d) {
+    const bool reduced = std::find(dims.begin(), dims.end(), d) != dims.end();
+    (reduced ? red_sizes : kept_sizes).push_back(a.size(d));
+    (reduced ? red_strides : kept_strides).push_back(a.stride(d));
+  }
+  std::vector<int64_t> shape{a.size(0)};
+  shape.insert(shape.end(), kept_sizes.begin(), kept_sizes.end());
+  auto out = at::empty(shape, a.options());
+  const auto kept = offsets_of(kept_sizes, kept_strides), reduced = offsets_of(red_sizes, red_strides);
+  const int64_t out_c = int64_t(kept.size());
+  const bool ok = a.scalar_type() == at::kFloat
+                      ? kmax_reduce_rows(a.data_ptr<float>(), a.stride(0), kept, reduced, k, with_ids,
+                                         out.data_ptr<float>(), out_c)
+                      : kmax_reduce_rows(a.data_ptr<double>(), a.stride(0), kept, reduced, k, with_ids,
+                                         out.data_ptr<double>(), out_c);
+  return ok ? out : at::Tensor();
+}
+
+namespace {
+// The new value with v's scores copied, and its id rows (E, |S|) to fill
+// with fill(ids_out, ids_in) (ids_in contiguous); undefined where it does not apply.
+template <class Fill>
+at::Tensor with_new_ids(const at::Tensor& v, int64_t E, Fill fill) {
+  if (E < 1 || !v.defined() || v.dim() < 1 || v.size(0) != 2 * E || !applies({v})) return {};
+  auto out = at::empty(v.sizes(), v.options());
+  out.narrow(0, 0, E).copy_(v.narrow(0, 0, E));
+  const auto ids = v.narrow(0, E, E).contiguous();
+  if (v.scalar_type() == at::kFloat) fill(out.data_ptr<float>() + out.stride(0) * E, ids.data_ptr<float>());
+  else fill(out.data_ptr<double>() + out.stride(0) * E, ids.data_ptr<double>());
+  return out;
+}
+}  // namespace
+
+at::Tensor tag_ids(const at::Tensor& v, int64_t E, int64_t n, int64_t e) {
+  const int64_t count = v.defined() ? v.numel() / 2 : 0;
+  return with_new_ids(v, E, [&](auto* out, const auto* in) {
+    using T = std::remove_pointer_t<decltype(out)>;
+    at::parallel_for(0, count, 1 << 14, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) out[i] = in[i] >= T(0) ? in[i] * T(n) + T(e) : in[i];
+    });
+  });
+}
+
+at::Tensor origin_ids(const at::Tensor& v, int64_t E, int64_t first) {
+  const int64_t elements = v.defined() && v.dim() >= 1 && v.size(0) > 0 ? v.numel() / v.size(0) : 0;
+  return with_new_ids(v, E, [&](auto* out, const auto*) {
+    using T = std::remove_pointer_t<decltype(out)>;
+    for (int64_t entry = 0; entry < E; ++entry)
+      at::parallel_for(0, elements, 1 << 14, [&](int64_t o0, int64_t o1) {
+        for (int64_t o = o0; o < o1; ++o) out[entry * elements + o] = T(first + o) * T(E) + T(entry);
+      });
+  });
+}
+
+at::Tensor winners_with_ids(const at::Tensor& values, const at::Tensor& winner, const at::Tensor& ids, int64_t E) {
+  if (E < 1 || !values.defined() || !winner.defined() || !ids.defined() || !applies({values, ids}) ||
+      winner.scalar_type() != at::kInt || !winner.device().is_cpu() || !winner.sizes().equals(values.sizes()) ||
+      values.dim() < 3 || ids.dim() != values.dim() || ids.size(0) != E)
+    return {};
+  const int64_t d = values.dim();
+  for (int64_t i = 1; i < d - 1; ++i)
+    if (ids.size(i) != values.size(i)) return {};
+  const int64_t C = values.size(0), N = values.size(-1), K = ids.size(-1);
+  std::vector<int64_t> row_sizes, row_strides;  // (*B, M) of ids
+  for (int64_t i = 1; i < d - 1; ++i) row_sizes.push_back(ids.size(i)), row_strides.push_back(ids.stride(i));
+  const auto rows = offsets_of(row_sizes, row_strides);
+  const int64_t R = int64_t(rows.size());
+  const auto win = winner.contiguous();
+  auto out_sizes = values.sizes().vec();
+  out_sizes[0] = 2 * C;
+  auto out = at::empty(out_sizes, values.options());
+  out.narrow(0, 0, C).copy_(values);
+  std::atomic<bool> bad{false};
+  auto fill = [&](auto* o, const auto* id) {
+    using T = std::remove_pointer_t<decltype(o)>;
+    const int32_t* w = win.data_ptr<int32_t>();
+    const int64_t e_stride = ids.stride(0), k_stride = ids.stride(-1), limit = K * E;
+    at::parallel_for(0, C * R, 16, [&](int64_t q0, int64_t q1) {
+      bool ok = true;
+      for (int64_t q = q0; q < q1; ++q) {
+        const int64_t r = q % R;
+        const int32_t* wr = w + q * N;
+        T* orow = o + q * N;
+        for (int64_t n = 0; n < N; ++n) {
+          const int64_t x = wr[n];
+          ok &= x >= -1 && x < limit;
+          orow[n] = x >= 0 && x < limit ? id[rows[r] + x % E * e_stride + x / E * k_stride] : T(-1);
+        }
+      }
+      if (!ok) bad = true;
+    });
+  };
+  if (values.scalar_type() == at::kFloat) fill(out.data_ptr<float>() + C * R * N, ids.data_ptr<float>());
+  else fill(out.data_ptr<double>() + C * R * N, ids.data_ptr<double>());
+  return bad ? at::Tensor() : out;
+}
 
 at::Tensor fused_edge(Fused op, const at::Tensor& a, const at::Tensor& w) { return run(op, {a}, w); }
 at::Tensor fused_pair(Fused op, const at::Tensor& a, const at::Tensor& b) { return run(op, {a, b}, at::Tensor()); }

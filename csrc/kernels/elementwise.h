@@ -20,6 +20,7 @@ namespace torch_semiring::kernels {
 
 enum class Fused {
   AddLogAbs,    // a + log|w| on each of k ≤ 8 components (log, viterbi, kmax)
+  AddLogAbsIds, // the same on k scores, k ids passed through: viterbi / kmax path tracking's ⊗ edge (2k components)
   EntropyOps,   // entropy's ⊗ edge and ⊕
   MaxProdOps,   // max_prod's ⊗ edge and ⊕
   KMaxMerge,    // kmax's ⊕ (k ≤ 8)
@@ -30,5 +31,38 @@ enum class Fused {
 at::Tensor fused_edge(Fused op, const at::Tensor& a, const at::Tensor& w);
 // a ⊕ b: two (C, *S) values, broadcast.
 at::Tensor fused_pair(Fused op, const at::Tensor& a, const at::Tensor& b);
+
+// kmax's ⊕ over element dims: the k best scores of the k-lists of all the
+// reduced elements, descending. a: (k, *S) scores, or with ids (kmax path
+// tracking) (2k, *S) = k scores then the k ids that travel with them; dims:
+// the reduced dims of a (1-based: dim 0 holds the components), any strides.
+// Returns (C, *kept), kept = S without dims. Every list must be descending
+// (as every kmax value is; the kmax GEMM relies on it too). A candidate
+// enters a list only by beating its last score strictly, visited in
+// row-major order of the reduced elements, then by entry: equal scores keep
+// the earlier one (as ⊕ keeps its left operand); a list with fewer than k
+// finite scores is padded with (−∞, id −1). Cost: O(kept · reduced · k),
+// no temporaries: per reduced element its k entries are read, those that
+// enter (a prefix: one compare each) are inserted with ≤ k moves, the rest
+// are only checked for NaN. Undefined where it does not apply (as fused_edge), and
+// where any score is NaN (the generic selection decides what NaN means).
+at::Tensor kmax_reduce(const at::Tensor& a, at::IntArrayRef dims, int64_t k, bool with_ids);
+
+// Path tracking's id bookkeeping (provenance.h) on a value v (2E, *S) — E
+// scores, then E ids, exact integers (the engine checks they fit the dtype,
+// so every order of the arithmetic gives the same ids). One pass writing a
+// new contiguous value, scores copied; undefined where it does not apply
+// (as fused_edge). Cost: O(E·|S|), in place of 4–6 ATen passes and a cat.
+// tag_ids: ids := ids·n + e where ids >= 0 ("arrived as contribution e of n").
+at::Tensor tag_ids(const at::Tensor& v, int64_t E, int64_t n, int64_t e);
+// origin_ids: ids := (first + o)·E + entry for element o of S (row-major).
+at::Tensor origin_ids(const at::Tensor& v, int64_t E, int64_t first);
+// The value (2C, *B, M, N) of a selecting product or row kernel that
+// reported winners: values (C, *B, M, N) and winner (int32, same shape,
+// contiguous; w = k·E + entry, −1 for no path) → scores = values, id =
+// ids[entry, *b, m, k] (−1 for none). ids: (E, *B, M, K), any strides
+// (broadcast too). One pass, in place of cast, clamp, gather, where and cat;
+// undefined where it does not apply, or for a winner outside [−1, K·E).
+at::Tensor winners_with_ids(const at::Tensor& values, const at::Tensor& winner, const at::Tensor& ids, int64_t E);
 
 }  // namespace torch_semiring::kernels

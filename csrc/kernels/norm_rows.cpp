@@ -514,20 +514,29 @@ struct TopCandidates {
   // per_owner: the most candidates one owner has.
   void survivors(const std::vector<Candidate>& from, bool abs_lines, int64_t K, int64_t per_owner, double t0,
                  double t1, std::vector<Candidate>& to) {
+    // Only the top (per_owner + 1)·K lows are needed (below), kept
+    // descending by insertion as they come: most candidates are turned away
+    // by one compare with the last kept (a sort of all n lows took most of
+    // this function's time).
+    const int64_t cap = (per_owner + 1) * K;
     lows.clear();
     for (const auto& c : from) {
       const double y0 = one_plus(c.x, t0), y1 = one_plus(c.x, t1);
-      if ((y0 > 0 && y1 > 0) || (y0 < 0 && y1 < 0))
-        lows.push_back({std::min(value(abs_lines, c.alpha, y0), value(abs_lines, c.alpha, y1)), c.owner});
+      if (!((y0 > 0 && y1 > 0) || (y0 < 0 && y1 < 0))) continue;
+      const Bound b{std::min(value(abs_lines, c.alpha, y0), value(abs_lines, c.alpha, y1)), c.owner};
+      if (int64_t(lows.size()) == cap) {
+        if (!(b.value > lows.back().value)) continue;
+        lows.pop_back();
+      }
+      const auto higher = [](const Bound& p, const Bound& q) { return p.value > q.value; };
+      lows.insert(std::upper_bound(lows.begin(), lows.end(), b, higher), b);  // after equal values
     }
     // The K-th best low without the owner of each of the top K; removing an
     // owner drops at most per_owner entries, so the top (per_owner + 1)·K hold
     // every answer.
     double bound = -kInf;
-    const int64_t head = std::min<int64_t>(int64_t(lows.size()), (per_owner + 1) * K);
+    const int64_t head = int64_t(lows.size());
     if (head >= K) {
-      std::partial_sort(lows.begin(), lows.begin() + head, lows.end(),
-                        [](const Bound& p, const Bound& q) { return p.value > q.value; });
       bound = lows[K - 1].value;
       for (int64_t r = 0; r < K && bound > -kInf; ++r) {
         int64_t seen = 0;

@@ -172,18 +172,24 @@ struct PackMark<MaxProdPair> {
   TS_TILE_FN static T pack_b(T w) { return w == T(0) ? std::numeric_limits<T>::quiet_NaN() : w; }
 };
 
-// kmax: a value is the KP best scores of an element, descending (a kmax(k)
-// value padded with −∞ up to the power of two KP). ⊗ by an edge adds the one
-// score log|w| to each (order kept); ⊕ keeps the top KP of the union. The
-// union of two descending KP-lists is merged as in a bitonic sorter: the
-// elementwise max of one list and the other reversed holds exactly the top KP
-// (as a V-shaped, i.e. bitonic, sequence), and log2(KP) half-cleaner stages
-// sort it — KP/2·log2(KP)+KP compare-exchanges instead of KP² for insertion.
+// kmax: a value is the E best scores of an element, descending. ⊗ by an
+// edge adds the one score log|w| to each (order kept); ⊕ keeps the top E of
+// the union. The union of two descending lists is merged as in a bitonic
+// sorter of KP (the power of two >= E) lanes, both lists padded with −∞:
+// the elementwise max of one list and the other reversed holds exactly the
+// top KP (as a V-shaped, i.e. bitonic, sequence), and log2(KP) half-cleaner
+// stages sort it — KP/2·log2(KP)+KP compare-exchanges instead of KP² for
+// insertion. For E < KP the padding is known at compile time: a lane that
+// meets −∞ is a copy, and of the network only what reaches the first E
+// outputs is kept — a compare-exchange whose smaller output is never read
+// is a max (E = 5: 5 adds, 2 + 8·2 + 3 = 21 max/min, where the padded
+// KP = 8 list took 8 adds and 8 + 12·2 = 32).
 // `Term` supplies the addition (MaxPlus, or a faster bit-identical variant).
-template <int KP, class Term = MaxPlus>
+template <int KP, class Term = MaxPlus, int E = KP>
 struct TopKMerge {
   static_assert(KP >= 2 && (KP & (KP - 1)) == 0, "TopKMerge: KP must be a power of two >= 2");
-  static constexpr int kComponents = KP;
+  static_assert(E <= KP && 2 * E > KP, "TopKMerge: KP must be the power of two >= E");
+  static constexpr int kComponents = E;
   template <class T>
   TS_TILE_FN static constexpr T zero(int) { return -std::numeric_limits<T>::infinity(); }
   template <class T>
@@ -192,57 +198,57 @@ struct TopKMerge {
     for (int q = 0; q < present; ++q) ok &= Term::accepts(v + q, 1);
     return ok;
   }
-  template <class V, class T>
-  TS_TILE_FN static void update(V* acc, const T* a, V b) {
+  // Is lane p read after the stage of distance d (d = KP/2, …, 1)? The later
+  // stages mix only lanes that differ in the bits below d, so lane p reaches
+  // the outputs whose bits from d up are p's: one of them is < E exactly when
+  // p with those low bits cleared is. (Closed form: a recursive always-inline
+  // function does not compile.)
+  TS_TILE_FN static constexpr bool read_after(int d, int p) { return (p & ~(d - 1)) < E; }
+  // The network; exchange(x, y, n) makes (x, y) = (max, min)(x, y) for the
+  // n-th full compare-exchange (a kernel may choose its instructions by n).
+  template <class V, class T, class Exchange>
+  TS_TILE_FN static void merge(V* acc, const T* a, V b, const Exchange& exchange) {
     V c[KP];
-TS_UNROLL(8)
-    for (int q = 0; q < KP; ++q) c[q] = max_keep(acc[q], Term::term(a[KP - 1 - q], b));
-TS_UNROLL(4)
-    for (int d = KP / 2; d >= 1; d /= 2) {
-TS_UNROLL(8)
-      for (int i = 0; i < KP; ++i) {
-        if (i & d) continue;
-        V hi = max_keep(c[i + d], c[i]), lo = min_keep(c[i + d], c[i]);
-        c[i] = hi;
-        c[i + d] = lo;
-      }
-    }
-TS_UNROLL(8)
-    for (int q = 0; q < KP; ++q) acc[q] = c[q];
-  }
-  // With argmax, for path extraction: arg[q] says which candidate score q
-  // is, as k·KP + e (entry e of g[k]'s list). The same network, but every
-  // selection and compare-exchange moves a (score, index) pair under one
-  // mask, so the KP pairs kept are distinct candidates. A candidate enters
-  // the list only by beating a kept score strictly (at equal scores the
-  // earlier k stays, and of one list the earlier entries); the order of equal
-  // scores within the list is deterministic (k visited in increasing order)
-  // but not by index. An entry that nothing beat keeps −∞ and index −1.
-  template <class V, class IV, class T, class I>
-  TS_TILE_FN static void update_arg(V* acc, IV* arg, const T* a, V b, I k) {
-    V c[KP];
-    IV ci[KP];
 TS_UNROLL(8)
     for (int q = 0; q < KP; ++q) {
-      const V t = Term::term(a[KP - 1 - q], b);
-      const auto win = t > acc[q];
-      c[q] = win ? t : acc[q];
-      ci[q] = win ? IV{} + I(k * KP + (KP - 1 - q)) : arg[q];
+      const bool mine = q < E, theirs = KP - 1 - q < E;  // else −∞ padding
+      if (mine && theirs) c[q] = max_keep(acc[q], Term::term(a[KP - 1 - q], b));
+      else if (mine) c[q] = acc[q];
+      else c[q] = Term::term(a[KP - 1 - q], b);  // 2E > KP: one of the two is there
     }
+    int n = 0;
 TS_UNROLL(4)
     for (int d = KP / 2; d >= 1; d /= 2) {
 TS_UNROLL(8)
       for (int i = 0; i < KP; ++i) {
         if (i & d) continue;
-        const auto keep = c[i] > c[i + d];  // else the pair swaps (equal scores too)
-        const V hi = keep ? c[i] : c[i + d], lo = keep ? c[i + d] : c[i];
-        const IV ihi = keep ? ci[i] : ci[i + d], ilo = keep ? ci[i + d] : ci[i];
-        c[i] = hi, c[i + d] = lo, ci[i] = ihi, ci[i + d] = ilo;
+        if (read_after(d, i + d)) {  // both outputs read (the read lanes are a prefix)
+          exchange(c[i], c[i + d], n++);
+        } else if (read_after(d, i)) {
+          c[i] = max_keep(c[i + d], c[i]);
+        }
       }
     }
 TS_UNROLL(8)
-    for (int q = 0; q < KP; ++q) acc[q] = c[q], arg[q] = ci[q];
+    for (int q = 0; q < E; ++q) acc[q] = c[q];
   }
+  // How many full compare-exchanges (full = true) or lone maxes merge() makes.
+  TS_TILE_FN static constexpr int exchanges(bool full) {
+    int n = 0;
+    for (int d = KP / 2; d >= 1; d /= 2)
+      for (int i = 0; i < KP; ++i)
+        if (!(i & d) && (full ? read_after(d, i + d) : !read_after(d, i + d) && read_after(d, i))) ++n;
+    return n;
+  }
+  struct MaxMinExchange {
+    template <class V>
+    TS_TILE_FN void operator()(V& x, V& y, int) const {
+      const V hi = max_keep(y, x), lo = min_keep(y, x);
+      x = hi, y = lo;
+    }
+  };
+  template <class V, class T>
+  TS_TILE_FN static void update(V* acc, const T* a, V b) { merge(acc, a, b, MaxMinExchange{}); }
 };
 
 }  // namespace kernels

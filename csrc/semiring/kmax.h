@@ -73,6 +73,12 @@ class KMaxSemiring final : public Semiring {
   }
   Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
     if (dims.empty()) return a;
+    auto fast = kernels::kmax_reduce(a, dims, k_, /*with_ids=*/false);  // one pass, no copies
+    if (fast.defined()) {
+      if (keepdim)
+        for (auto d : dims) fast = fast.unsqueeze(d);  // dims ascending
+      return fast;
+    }
     // Bring the reduced dims next to the component dim, flatten them into the
     // candidate dim, keep the top k.
     std::vector<int64_t> order{0}, kept;

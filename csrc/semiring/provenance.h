@@ -51,6 +51,8 @@ class ProvenanceSemiring final : public Semiring {
       Tensor winner;
       auto best = kernels::topk_rows(scores(a), x, &winner);
       if (best.defined()) {
+        auto fast = kernels::winners_with_ids(best.to(a.scalar_type()), winner, ids(a), E_);  // one pass (CPU)
+        if (fast.defined()) return fast;
         auto id = ids(a);  // (E, R, N) → (R, N·E) with column i·E + e
         auto flat = id.permute({1, 2, 0}).reshape({id.size(1), -1});
         auto index = winner.to(at::kLong).clamp_min(0);  // (E, R, N)
@@ -63,6 +65,8 @@ class ProvenanceSemiring final : public Semiring {
       Tensor winner;
       auto best = kernels::max_rows(scores(a).select(0, 0), x, /*log_space=*/kind_ == Kind::MaxPlus, &winner);
       if (best.defined()) {
+        auto fast = kernels::winners_with_ids(best.to(a.scalar_type()).unsqueeze(0), winner.unsqueeze(0), ids(a), 1);
+        if (fast.defined()) return fast;
         auto index = winner.to(at::kLong).clamp_min(0);
         auto picked = at::where(winner < 0, -1.0, ids(a).select(0, 0).gather(1, index));
         return at::stack({best.to(a.scalar_type()), picked.to(a.scalar_type())});
@@ -71,12 +75,16 @@ class ProvenanceSemiring final : public Semiring {
     return Semiring::norm_offdiagonal(a, x);
   }
   Tensor with_origin(const Tensor& v, int64_t first) const override {
+    auto fast = kernels::origin_ids(v, E_, first);  // one pass (CPU)
+    if (fast.defined()) return fast;
     auto elements = v.numel() / v.size(0);
     auto flat = at::arange(first, first + elements, v.options()).view(v.sizes().slice(1));
     auto entry = at::arange(E_, v.options()).view(pad_shape(v.dim()));
     return at::cat({scores(v), flat.unsqueeze(0) * E_ + entry}, 0);
   }
   Tensor tag_contributor(const Tensor& v, int64_t e, int64_t n) const override {
+    auto fast = kernels::tag_ids(v, E_, n, e);  // one pass (CPU)
+    if (fast.defined()) return fast;
     return at::cat({scores(v), at::where(ids(v) >= 0, ids(v) * n + e, ids(v))}, 0);
   }
 
@@ -108,6 +116,8 @@ class ProvenanceSemiring final : public Semiring {
       winner = winner.unsqueeze(0);
     }
     if (!values.defined()) return {};
+    auto fast = kernels::winners_with_ids(values, winner, id_ops.g, E_);  // one pass (CPU)
+    if (fast.defined()) return fast;
     auto candidates = id_ops.g.movedim(0, -1).flatten(-2, -1);  // (*batch, M, K·E): column k·E + entry
     auto index = winner.to(at::kLong).clamp_min(0);
     auto shape = index.sizes().vec();
@@ -153,7 +163,9 @@ class ProvenanceSemiring final : public Semiring {
     switch (kind_) {
       case Kind::MaxPlus:
       case Kind::TopK: {
-        auto lifted = kernels::fused_edge(kernels::Fused::AddLogAbs, s, w);  // one pass (E ≤ 8)
+        auto fused = kernels::fused_edge(kernels::Fused::AddLogAbsIds, a, w);  // scores and ids, one pass (E ≤ 8)
+        if (fused.defined()) return fused;
+        auto lifted = kernels::fused_edge(kernels::Fused::AddLogAbs, s, w);
         if (!lifted.defined()) lifted = s + w.abs().log();
         return pack(lifted, id.expand(at::infer_size(id.sizes(), lifted.sizes())));
       }
@@ -196,6 +208,14 @@ class ProvenanceSemiring final : public Semiring {
   }
   Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
     if (dims.empty()) return a;
+    if (kind_ == Kind::TopK) {  // one pass, no copies (kernels/elementwise.h)
+      auto out = kernels::kmax_reduce(a, dims, E_, /*with_ids=*/true);
+      if (out.defined()) {
+        if (keepdim)
+          for (auto d : dims) out = out.unsqueeze(d);
+        return out;
+      }
+    }
     // reduced dims to the end, flattened: select there, gather the ids.
     std::vector<int64_t> order{0}, kept;
     for (int64_t d = 1; d < a.dim(); ++d)
