@@ -64,8 +64,8 @@ Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k);
 // won m; on a negative edge M comes from k's m·w (e = 1) and m from its M·w
 // (e = 0). Ties → the smallest k. kmax: the k winners are distinct
 // candidates; at equal scores a candidate of a smaller k' (and of one list,
-// the earlier entry) is kept, while the order of equal scores within the
-// list is deterministic but unspecified. −1 where there is no path (M = −∞,
+// the earlier entry) is kept, and equal scores within the list are ordered
+// by that index k'·k + e. −1 where there is no path (M = −∞,
 // m = +∞, a −∞ score — also when a product overflowed to it). Unlike
 // max_matmul_argmax these decline (undefined tensors) wherever the plain
 // kernels do, and for K·C beyond int32.
