@@ -51,11 +51,32 @@ const RuleEntry& rule_for(const Node& node, const Semiring& sr) {
 }
 
 namespace {
-// Whether a value (≥ 0 or NaN: the semirings that split) holds +∞: one
-// reduction per value, no temporary (a host read; on a GPU, a sync per node).
-bool any_infinite(const std::vector<at::Tensor>& values) {
+// The components a semiring splits (Semiring::infinite_split_components):
+// all of a value's, or — a product of semirings — those of its parts that do.
+struct SplitComponents {
+  std::vector<int64_t> index;
+  bool all = false;
+  explicit SplitComponents(const std::vector<bool>& which) {
+    for (size_t c = 0; c < which.size(); ++c)
+      if (which[c]) index.push_back(int64_t(c));
+    all = index.size() == which.size();
+  }
+  bool any() const { return !index.empty(); }
+  at::Tensor part(const at::Tensor& v) const {
+    return all ? v : v.index_select(0, at::tensor(index, at::TensorOptions().dtype(at::kLong)).to(v.device()));
+  }
+  at::Tensor with_part(const at::Tensor& v, const at::Tensor& part) const {
+    if (all) return part;
+    return v.index_copy(0, at::tensor(index, at::TensorOptions().dtype(at::kLong)).to(v.device()), part);
+  }
+};
+
+// Whether a value's split components (≥ 0 or NaN) hold +∞: one reduction per
+// value (a host read; on a GPU, a sync per node).
+bool any_infinite(const std::vector<at::Tensor>& values, const SplitComponents& split) {
   for (const auto& v : values)
-    if (v.defined() && v.numel() > 0 && v.max().item<double>() == std::numeric_limits<double>::infinity())
+    if (v.defined() && v.numel() > 0 &&
+        split.part(v).max().item<double>() == std::numeric_limits<double>::infinity())
       return true;
   return false;
 }
@@ -64,17 +85,21 @@ bool any_infinite(const std::vector<at::Tensor>& values) {
 // with f = g where finite, else 0. So rule(g) = rule(f) ⊕ ∞·[rule(i) > 0],
 // i the 0/1 indicator of the +∞ entries: an output is +∞ exactly where an
 // existing edge leads from an infinite value, and both runs are finite. The
-// cost is a second run of the rule, only while some value is infinite.
+// cost is a second run of the rule, only while some value is infinite. (In a
+// product the other parts' components go through both runs unchanged.)
 std::vector<at::Tensor> rule_with_infinite_values(const RuleEntry& entry, const RuleContext& ctx,
-                                                  const std::vector<at::Tensor>& values) {
+                                                  const std::vector<at::Tensor>& values,
+                                                  const SplitComponents& split) {
   std::vector<at::Tensor> finite(values.size()), indicator(values.size());
-  bool any_finite = false;  // once a float32 count overflowed, often every value is +∞ (or 0)
+  bool any_finite = !split.all;  // once a float32 count overflowed, often every value is +∞ (or 0)
   for (size_t i = 0; i < values.size(); ++i) {
     if (!values[i].defined()) continue;
-    const auto infinite = values[i].isinf();
-    finite[i] = values[i].masked_fill(infinite, 0);
-    indicator[i] = infinite.to(values[i].scalar_type());
-    any_finite = any_finite || (finite[i].numel() > 0 && finite[i].max().item<double>() != 0);  // NaN: finite
+    const auto part = split.part(values[i]);
+    const auto infinite = part.isinf();
+    const auto finite_part = part.masked_fill(infinite, 0);
+    finite[i] = split.with_part(values[i], finite_part);
+    indicator[i] = split.with_part(values[i], infinite.to(part.scalar_type()));
+    any_finite = any_finite || (finite_part.numel() > 0 && finite_part.max().item<double>() != 0);  // NaN: finite
   }
   auto out = any_finite ? entry.rule(ctx, finite) : std::vector<at::Tensor>{};
   auto reached = entry.rule(ctx, indicator);
@@ -82,7 +107,8 @@ std::vector<at::Tensor> rule_with_infinite_values(const RuleEntry& entry, const 
   for (size_t j = 0; j < reached.size(); ++j) {
     if (!reached[j].defined()) continue;
     if (!out[j].defined()) out[j] = at::zeros_like(reached[j]);
-    out[j] = out[j].masked_fill(reached[j].gt(0), std::numeric_limits<double>::infinity());
+    const auto hit = split.part(reached[j]).gt(0);
+    out[j] = split.with_part(out[j], split.part(out[j]).masked_fill(hit, std::numeric_limits<double>::infinity()));
   }
   return out;
 }
@@ -95,8 +121,9 @@ std::vector<at::Tensor> apply_rule(Node& node, const Semiring& sr, std::vector<b
   if (range.isActive()) range.before("ts::" + entry.family + "::" + node.name());
   const size_t edges = node.next_edges().size();
   RuleContext ctx{node, sr, create_graph, std::move(needed)};
-  auto out = sr.splits_infinite_values() && any_infinite(values) ? rule_with_infinite_values(entry, ctx, values)
-                                                                 : entry.rule(ctx, values);
+  const SplitComponents split(sr.infinite_split_components());
+  auto out = split.any() && any_infinite(values, split) ? rule_with_infinite_values(entry, ctx, values, split)
+                                                        : entry.rule(ctx, values);
   TORCH_CHECK(out.size() <= edges, "torch_semiring: the rule of ", node.name(), " returned ", out.size(),
               " values for ", edges, " inputs");
   return out;

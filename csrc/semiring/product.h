@@ -25,6 +25,15 @@ class ProductSemiring final : public Semiring {
   Tensor readout(const Tensor&) const override {
     TORCH_CHECK(false, "torch_semiring: read out each part of a product semiring separately");
   }
+  std::vector<bool> infinite_split_components() const override {
+    std::vector<bool> out;
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      auto part = parts_[i]->infinite_split_components();
+      if (part.empty()) part.assign(sizes_[i], false);
+      out.insert(out.end(), part.begin(), part.end());
+    }
+    return out;
+  }
   const std::vector<SemiringPtr>& parts() const { return parts_; }
   std::vector<Tensor> split(const Tensor& v) const { return v.split_with_sizes(sizes_, 0); }
 

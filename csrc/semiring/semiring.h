@@ -35,13 +35,14 @@ class Semiring {
   // True when values are exactly ordinary gradients (the real semiring): the
   // engine then runs every node's own stock backward instead of its rule.
   virtual bool stock_backward_is_exact() const { return false; }
-  // True for the semirings over [0, +∞] whose ⊗ is × and whose 0 annihilates
-  // (abs, count, max_abs). A value there can overflow to +∞ on a deep model
-  // (float32 path counts of a 6-layer transformer do), and inside a rule
-  // IEEE 0·∞ would turn "no path" into NaN; apply_rule (rules/registry.cpp)
-  // then splits the +∞ entries off, so no rule ever sees one. (An infinite
-  // local derivative, sqrt at 0, meeting a zero value is NaN as in stock.)
-  virtual bool splits_infinite_values() const { return false; }
+  // The components that live in [0, +∞] with ⊗ = × and 0 annihilating (abs,
+  // count, max_abs: all of theirs; a product: its such parts'; else none). A
+  // value there can overflow to +∞ on a deep model (float32 path counts of a
+  // 6-layer transformer do), and inside a rule IEEE 0·∞ would turn "no path"
+  // into NaN; apply_rule (rules/registry.cpp) then splits the +∞ entries off,
+  // so no rule ever sees one. (An infinite local derivative, sqrt at 0,
+  // meeting a zero value is NaN as in stock.)
+  virtual std::vector<bool> infinite_split_components() const { return {}; }
 
   // ---- element-wise primitives; all shapes broadcast over element dims -----
   Tensor zero(at::IntArrayRef shape, const at::TensorOptions& opts) const;

@@ -41,10 +41,10 @@ class SumProductSemiring : public Semiring {
   }
 };
 
-// abs and count: (+, ×) over [0, +∞] (see splits_infinite_values).
+// abs and count: (+, ×) over [0, +∞] (see infinite_split_components).
 class NonNegativeSumProduct : public SumProductSemiring {
  public:
-  bool splits_infinite_values() const override { return true; }
+  std::vector<bool> infinite_split_components() const override { return {true}; }
   // lift(w) of a saved leaf weight (a frozen layer) is kept across calls
   // (kernels/lift_cache.h): the GEMM is then all that is left, as in stock.
   Tensor matmul(const Tensor& g, const Tensor& w) const override {
