@@ -1,7 +1,9 @@
 // The rule registry (node name → rule), the one function that applies a rule,
 // and the RuleContext helpers rules use.
+#include <ATen/Dispatch.h>
 #include <ATen/record_function.h>
 
+#include <cmath>
 #include <limits>
 #include <mutex>
 #include <unordered_map>
@@ -71,6 +73,55 @@ struct SplitComponents {
   }
 };
 
+// A split part in one pass (CPU, float/double): the finite part (±∞ → 0), the
+// 0/1 indicator of the infinite entries, and whether a finite nonzero (or
+// NaN) entry exists. Elsewhere the same from ATen operations (4 passes).
+struct SplitValue {
+  at::Tensor finite, indicator;
+  bool any_finite;
+};
+SplitValue split_value(const at::Tensor& v) {
+  const auto dtype = v.scalar_type();
+  if (!v.device().is_cpu() || (dtype != at::kFloat && dtype != at::kDouble)) {
+    const auto infinite = v.isinf();
+    auto finite = v.masked_fill(infinite, 0);
+    const bool any = finite.numel() > 0 && finite.max().item<double>() != 0;  // NaN: finite
+    return {finite, infinite.to(dtype), any};
+  }
+  const auto in = v.contiguous();
+  auto finite = at::empty_like(in), indicator = at::empty_like(in);
+  bool any = false;
+  AT_DISPATCH_FLOATING_TYPES(dtype, "split_value", [&] {
+    const scalar_t* x = in.data_ptr<scalar_t>();
+    scalar_t* f = finite.data_ptr<scalar_t>();
+    scalar_t* ind = indicator.data_ptr<scalar_t>();
+    for (int64_t i = 0, n = in.numel(); i < n; ++i) {
+      const bool infinite = std::isinf(x[i]);
+      f[i] = infinite ? scalar_t(0) : x[i];
+      ind[i] = infinite ? scalar_t(1) : scalar_t(0);
+      any |= !infinite && x[i] != 0;
+    }
+  });
+  return {finite, indicator, any};
+}
+
+// +∞ where reached > 0, else out's entry (a new tensor: out may alias others).
+at::Tensor infinite_where_reached(const at::Tensor& out, const at::Tensor& reached) {
+  const auto dtype = out.scalar_type();
+  if (!out.device().is_cpu() || (dtype != at::kFloat && dtype != at::kDouble) || reached.scalar_type() != dtype ||
+      !out.sizes().equals(reached.sizes()))
+    return out.masked_fill(reached.gt(0), std::numeric_limits<double>::infinity());
+  const auto o = out.contiguous(), r = reached.contiguous();
+  auto result = at::empty_like(o);
+  AT_DISPATCH_FLOATING_TYPES(dtype, "infinite_where_reached", [&] {
+    const scalar_t *po = o.data_ptr<scalar_t>(), *pr = r.data_ptr<scalar_t>();
+    scalar_t* res = result.data_ptr<scalar_t>();
+    const scalar_t inf = std::numeric_limits<scalar_t>::infinity();
+    for (int64_t i = 0, n = o.numel(); i < n; ++i) res[i] = pr[i] > 0 ? inf : po[i];
+  });
+  return result;
+}
+
 // Whether a value's split components (≥ 0 or NaN) hold +∞: one reduction per
 // value (a host read; on a GPU, a sync per node).
 bool any_infinite(const std::vector<at::Tensor>& values, const SplitComponents& split) {
@@ -94,12 +145,10 @@ std::vector<at::Tensor> rule_with_infinite_values(const RuleEntry& entry, const 
   bool any_finite = !split.all;  // once a float32 count overflowed, often every value is +∞ (or 0)
   for (size_t i = 0; i < values.size(); ++i) {
     if (!values[i].defined()) continue;
-    const auto part = split.part(values[i]);
-    const auto infinite = part.isinf();
-    const auto finite_part = part.masked_fill(infinite, 0);
-    finite[i] = split.with_part(values[i], finite_part);
-    indicator[i] = split.with_part(values[i], infinite.to(part.scalar_type()));
-    any_finite = any_finite || (finite_part.numel() > 0 && finite_part.max().item<double>() != 0);  // NaN: finite
+    auto parts = split_value(split.part(values[i]));
+    finite[i] = split.with_part(values[i], parts.finite);
+    indicator[i] = split.with_part(values[i], parts.indicator);
+    any_finite = any_finite || parts.any_finite;
   }
   auto out = any_finite ? entry.rule(ctx, finite) : std::vector<at::Tensor>{};
   auto reached = entry.rule(ctx, indicator);
@@ -107,8 +156,7 @@ std::vector<at::Tensor> rule_with_infinite_values(const RuleEntry& entry, const 
   for (size_t j = 0; j < reached.size(); ++j) {
     if (!reached[j].defined()) continue;
     if (!out[j].defined()) out[j] = at::zeros_like(reached[j]);
-    const auto hit = split.part(reached[j]).gt(0);
-    out[j] = split.with_part(out[j], split.part(out[j]).masked_fill(hit, std::numeric_limits<double>::infinity()));
+    out[j] = split.with_part(out[j], infinite_where_reached(split.part(out[j]), split.part(reached[j])));
   }
   return out;
 }
