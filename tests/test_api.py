@@ -14,6 +14,7 @@ import torch_semiring as ts
 from reference import SEMIRING_NAMES, reference_values
 from test_reference import assert_values_equal
 from test_rules import attention_by_hand, layout, mlp3, pointwise_broadcast
+from python_semirings import PyMaxPlus
 
 D = torch.float64
 BACKWARD_SEMIRINGS = [s for s in SEMIRING_NAMES if s != "kmax"]  # kmax readouts don't fit .grad
@@ -273,34 +274,6 @@ def test_register_rule_by_node_name_overrides():
 
         _C.restore_builtin_rules()
     assert ts.registered_rules()["SinBackward0"] == "pointwise"
-
-
-class PyMaxPlus:
-    """viterbi, written in Python with torch ops."""
-
-    name = "py_viterbi"
-    components = 1
-
-    def zero(self, shape, like):
-        return torch.full((1, *shape), -math.inf, dtype=like.dtype)
-
-    def one(self, shape, like):
-        return torch.zeros((1, *shape), dtype=like.dtype)
-
-    def lift(self, w):
-        return w.abs().log().unsqueeze(0)
-
-    def otimes(self, a, b):
-        return a + b
-
-    def oplus(self, a, b):
-        return torch.maximum(a, b)
-
-    def oplus_reduce(self, v, dims, keepdim):
-        return v.amax(dim=dims, keepdim=keepdim) if dims else v
-
-    def readout(self, v):
-        return v[0]
 
 
 @pytest.mark.parametrize("case", [mlp3, attention_by_hand, layout], ids=lambda c: c.__name__)

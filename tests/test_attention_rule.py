@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import torch_semiring as ts
 from reference import SEMIRING_NAMES, reference_values
 from test_reference import assert_values_equal
+from python_semirings import PyMaxPlus
 
 D = torch.float64
 NODE = "ScaledDotProductFlashAttentionForCpuBackward0"
@@ -191,39 +192,11 @@ def test_paths_through_the_node_match_viterbi():
     assert math.isclose(best.value, max(float(v.max()) for v in values), rel_tol=1e-12)
 
 
-class PythonMaxPlus:
-    """viterbi in Python: forces the rule's generic route (the semiring's matmul)."""
-
-    name = "py_viterbi"
-    components = 1
-
-    def zero(self, shape, like):
-        return torch.full((1, *shape), -math.inf, dtype=like.dtype)
-
-    def one(self, shape, like):
-        return torch.zeros((1, *shape), dtype=like.dtype)
-
-    def lift(self, w):
-        return w.abs().log().unsqueeze(0)
-
-    def otimes(self, a, b):
-        return a + b
-
-    def oplus(self, a, b):
-        return torch.maximum(a, b)
-
-    def oplus_reduce(self, v, dims, keepdim):
-        return v.amax(dim=dims, keepdim=keepdim) if dims else v
-
-    def readout(self, v):
-        return v[0]
-
-
 @pytest.mark.parametrize("mask", ["none", "causal", "bool_row_masked"])
 def test_generic_route_matches_reference(mask):
     outputs, inputs = attention_case(2, 1, 2, 3, 4, 2, mask=mask, ties=True, seed=13)
     expected = reference_values(outputs, inputs, "viterbi")
-    actual = ts.grad(outputs, inputs, semiring=PythonMaxPlus(), retain_graph=True)
+    actual = ts.grad(outputs, inputs, semiring=PyMaxPlus(), retain_graph=True)
     for a, e in zip(actual, expected):
         assert_values_equal(a, e, "viterbi", f"python semiring/{mask}")
 

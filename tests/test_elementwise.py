@@ -17,26 +17,9 @@ import pytest
 import torch
 
 from torch_semiring import _C
+from kernel_helpers import ISAS, general_path, isa  # noqa: F401 (isa: a fixture)
 
 SEMIRINGS = [("log", 1), ("viterbi", 1), ("entropy", 1), ("max_prod", 1)] + [("kmax", k) for k in range(1, 9)]
-ISAS = ["avx512", "avx2", "portable"]
-
-
-@pytest.fixture(params=ISAS)
-def isa(request, monkeypatch):
-    native = _C.kernel_isa()
-    if ISAS.index(request.param) < ISAS.index(native):
-        pytest.skip(f"this machine runs {native} at most")
-    monkeypatch.setenv("TORCH_SEMIRING_KERNEL_ISA", request.param)
-    assert _C.kernel_isa() == request.param
-    return request.param
-
-
-def general_path(fn, *tensors):
-    """The ATen expression: an operand that requires grad under grad mode makes the kernels decline."""
-    leaf = [t.detach().clone().requires_grad_() for t in tensors]
-    with torch.enable_grad():
-        return fn(*leaf).detach()
 
 
 def weights(shape, dtype, g):

@@ -28,27 +28,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from torch_semiring import _C
+from kernel_helpers import ISAS, general_path, isa  # noqa: F401 (isa: a fixture)
 
 INF = math.inf
-ISAS = ["avx512", "avx2", "portable"]
 DTYPES = [torch.float32, torch.float64]
-
-
-@pytest.fixture(params=ISAS)
-def isa(request, monkeypatch):
-    native = _C.kernel_isa()
-    if ISAS.index(request.param) < ISAS.index(native):
-        pytest.skip(f"this machine runs {native} at most")
-    monkeypatch.setenv("TORCH_SEMIRING_KERNEL_ISA", request.param)
-    assert _C.kernel_isa() == request.param
-    return request.param
-
-
-def general_path(fn, *tensors):
-    """The ATen version: an operand that requires grad under grad mode makes the kernels decline."""
-    leaf = [t.detach().clone().requires_grad_() for t in tensors]
-    with torch.enable_grad():
-        return fn(*leaf).detach()
 
 
 def kmax_lists(k, shape, gen, dtype, low=-3, high=3):

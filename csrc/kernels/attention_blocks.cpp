@@ -40,6 +40,7 @@
 // functions are all internal (before tile_arithmetic.h, as in cpu_gemm.cpp).
 #pragma GCC diagnostic ignored "-Wpsabi"
 #include "kernels/cpu_gemm.h"
+#include "kernels/cpu_vectors.h"
 #include "kernels/tile_arithmetic.h"
 #include "semiring/abs.h"
 #include "semiring/count.h"
@@ -86,24 +87,10 @@ bool family_of(const Semiring& sr, Family& family, int64_t& k) {
 
 // ---- vector helpers ----------------------------------------------------------
 
-template <class T, int Bytes>
-struct VecOf {
-  typedef T type __attribute__((vector_size(Bytes)));
-};
-template <class T>
-struct IntOf;
-template <>
-struct IntOf<float> {
-  using type = int32_t;
-};
-template <>
-struct IntOf<double> {
-  using type = int64_t;
-};
 // The integer type with V's lane layout (V a scalar or a vector of T).
 template <class V, class T>
 struct IntLanes {
-  using I = typename IntOf<T>::type;
+  using I = LaneInt<T>;
   using type = typename std::conditional<std::is_same<V, T>::value, I, typename VecOf<I, sizeof(V)>::type>::type;
 };
 
@@ -117,16 +104,6 @@ TS_TILE_FN To bitcast(From x) {
 template <class V, class T>
 TS_TILE_FN V splat(T x) {
   return V{} + x;
-}
-template <class V, class T>
-TS_TILE_FN V load(const T* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-template <class V, class T>
-TS_TILE_FN void store(T* p, V v) {
-  std::memcpy(p, &v, sizeof(V));
 }
 template <class V>
 TS_TILE_FN V magnitude(V x) {

@@ -46,6 +46,7 @@
 // functions are all internal, so the ABI of vector arguments never matters.
 // (Before tile_arithmetic.h: its templates are instantiated with vectors.)
 #pragma GCC diagnostic ignored "-Wpsabi"
+#include "kernels/cpu_vectors.h"
 #include "kernels/tile_arithmetic.h"
 
 #include "kernels/lift_cache.h"
@@ -79,22 +80,6 @@ std::pair<double, double> range_of(const Tensor& t) {
 
 namespace {
 
-template <class T, int Bytes>
-struct VecOf {
-  typedef T type __attribute__((vector_size(Bytes)));
-};
-// Lane-wise comparison masks have integer lanes of the same width as T.
-template <class T>
-struct IndexLane;
-template <>
-struct IndexLane<float> {
-  using type = int32_t;
-};
-template <>
-struct IndexLane<double> {
-  using type = int64_t;
-};
-
 // One product of a batch: A = the value's components (strided), B = the
 // packed lifted weights (pack_weight), C = output components, contiguous
 // (M, N) each.
@@ -126,17 +111,6 @@ constexpr int64_t block_m() {
   return std::max<int64_t>(MR, kL2BlockBytes / (block_k<T, C, NR>() * C * int64_t(sizeof(T))) / MR * MR);
 }
 
-template <class V, class T>
-TS_TILE_FN V load(const T* p) {
-  V v;
-  std::memcpy(&v, p, sizeof(V));
-  return v;
-}
-template <class V, class T>
-TS_TILE_FN void store(T* p, V v) {
-  std::memcpy(p, &v, sizeof(V));
-}
-
 // One term with argmax bookkeeping: argmax_update for the one-component
 // products (the index is k), the Op's own update_arg for the pairs of
 // max_prod and kmax's lists (an index per component, see tile_arithmetic.h).
@@ -158,7 +132,7 @@ template <class Op, class T, class V, int MR, int NV, bool ARG, int PACKED = MR>
 TS_TILE_FN void micro_kernel(int64_t kc, int64_t k0, const T* ap, const T* bp, T* c, int64_t ldc, int64_t cc,
                              int32_t* ix, int64_t ldi, int64_t ic, bool first) {
   constexpr int L = sizeof(V) / sizeof(T), C = Op::kComponents, NR = NV * L;
-  using I = typename IndexLane<T>::type;
+  using I = LaneInt<T>;  // lane-wise masks: integers of T's width
   using IV = typename VecOf<I, sizeof(V)>::type;
   V acc[MR][NV][C];
   IV arg[MR][NV][ARG ? C : 1];

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "kernels/cpu_gemm.h"  // kernel_isa
+#include "kernels/cpu_vectors.h"  // VecOf, for vector_math.h
 
 namespace torch_semiring::kernels {
 

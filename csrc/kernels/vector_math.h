@@ -18,14 +18,13 @@
 // combined into masks come out scalar), so code for each instruction set must
 // be compiled under that set's target — kernels/elementwise.cpp includes this
 // file once per set, inside a namespace of its own under
-// `#pragma GCC target(...)`. Include <cstdint> and <limits> first.
+// `#pragma GCC target(...)`. Include <cstdint>, <limits> and kernels/cpu_vectors.h
+// first.
 
 namespace vmath {
 
 template <class T, int Bytes>
-struct Vec {
-  typedef T type __attribute__((vector_size(Bytes)));
-};
+using Vec = ::torch_semiring::kernels::VecOf<T, Bytes>;  // kernels/cpu_vectors.h
 
 template <class T>
 struct Bits;
