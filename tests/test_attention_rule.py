@@ -183,13 +183,48 @@ def test_value_head_dim_differs_from_query_goes_elsewhere():
     assert out.grad_fn.name() != NODE
 
 
-def test_paths_through_the_node_match_viterbi():
-    # Provenance values take the semiring's generic products (no dedicated loop).
-    outputs, inputs = attention_case(1, 1, 2, 3, 4, 2, mask="causal", seed=7)
+PATH_CASES = {
+    "causal_gqa": dict(args=(1, 1, 2, 3, 4, 3), mask="causal", seed=7),
+    "bool_row_masked": dict(args=(1, 2, 1, 3, 4, 3), mask="bool_row_masked", seed=5),
+    "ties": dict(args=(1, 1, 2, 3, 3, 3), ties=True, seed=3),
+    "underflowing": dict(args=(1, 1, 1, 3, 4, 3), tiny_weights=True, zero_value_column=True, seed=11),
+}
+
+
+@pytest.mark.parametrize("block", [None, "2"])
+@pytest.mark.parametrize("semiring", ["viterbi", "max_abs", "max_prod", "kmax"])
+@pytest.mark.parametrize("case", sorted(PATH_CASES))
+def test_paths_through_the_node_match_brute_force(case, semiring, block, monkeypatch):
+    # viterbi / max_abs paths take the fused loops with winners (the ids of
+    # the winning terms); max_prod / kmax paths the semiring's matmul. From
+    # each of q, k, v: every path must be a path of the graph whose edges
+    # give its value, and the values the best by enumeration.
+    from test_paths import all_paths, flat_index, score
+
+    if block:
+        monkeypatch.setenv("TORCH_SEMIRING_ATTENTION_BLOCK", block)
+    spec = dict(PATH_CASES[case])
+    outputs, inputs = attention_case(*spec.pop("args"), **spec)
     total = outputs[0].sum()
-    best = ts.top_paths(total, inputs, semiring="viterbi", k=1)[0]
-    values = ts.grad(total, inputs, semiring="viterbi", retain_graph=True)
-    assert math.isclose(best.value, max(float(v.max()) for v in values), rel_tol=1e-12)
+    k = 3 if semiring == "kmax" else 1
+    for name, x in zip("qkv", inputs):
+        enumerated = all_paths(total, [x])
+        best = sorted((score(semiring, w) for _, _, w in enumerated), reverse=True)[:k]
+        if semiring == "max_abs":
+            best = [b for b in best if b > 0]  # products below the smallest double are no path
+        paths = ts.top_paths(total, x, semiring=semiring, k=k)
+        assert len(paths) == len(best), name
+        for p, expected in zip(paths, best):
+            assert p.value == pytest.approx(expected, rel=1e-9, abs=1e-300), name
+            weights = [s.edge_weight for s in p.steps[:-1]]
+            assert score(semiring, weights) == pytest.approx(p.value, rel=1e-9, abs=1e-300), name  # walked edges
+            start = flat_index(p.steps[0])
+            assert any(f == start and len(w) == len(weights)
+                       and all(math.isclose(a, b, rel_tol=1e-9) for a, b in zip(w, weights))
+                       for _, f, w in enumerated), f"{semiring} path from {name} is not a path of the graph"
+        if semiring in ("viterbi", "max_abs") and paths:
+            (value,) = ts.grad(total, x, semiring=semiring, retain_graph=True)
+            assert paths[0].value == float(value.max())  # the same loops: the same number
 
 
 @pytest.mark.parametrize("mask", ["none", "causal", "bool_row_masked"])

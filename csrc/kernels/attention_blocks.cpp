@@ -13,6 +13,8 @@
 //   entropy (ℓ, h)       a_k = e^{ℓ_k − G_r}: Z = Σ a_k|w|, R = Σ a_k|w|(h_k − log|w|),
 //                        ℓ = G_r + log Z, h = R/Z (a vectorised log per term)
 //   kmax (k ≤ 8)         the k largest a_k[j]·|w| (bitonic top-k merge), G_r + log of each
+//   viterbi / max_abs    as above, the winning k kept beside the max (one compare
+//     + paths            and two selects per term), its id copied per (r, n)
 // Cost per row: K·N terms of a few vector instructions (kmax: ~k/2·log2 k + k
 // compare-exchanges; entropy: + a log), K exponentials, N logarithms (both
 // vectorised here: exp_of, log_of).
@@ -49,6 +51,7 @@
 #include "semiring/log.h"
 #include "semiring/max_abs.h"
 #include "semiring/max_prod.h"
+#include "semiring/provenance.h"
 #include "semiring/real.h"
 #include "semiring/viterbi.h"
 
@@ -64,9 +67,19 @@ namespace {
 
 enum class Family { Real, Abs, Count, MaxAbs, MaxProd, Viterbi, Log, Entropy, KMax };
 
-// The loop a semiring has here (false: none). k: kmax's list length.
-bool family_of(const Semiring& sr, Family& family, int64_t& k) {
+// The loop a semiring has here (false: none). k: kmax's list length; ids:
+// the provenance version (values (score, id): the loop also reports which
+// term won, and the winner's id is copied — viterbi+paths and max_abs+paths).
+bool family_of(const Semiring& sr, Family& family, int64_t& k, bool& ids) {
   k = 1;
+  ids = false;
+  if (auto* paths = dynamic_cast<const ProvenanceSemiring*>(&sr)) {
+    ids = true;
+    if (paths->kind() == ProvenanceSemiring::Kind::MaxPlus) family = Family::Viterbi;
+    else if (paths->kind() == ProvenanceSemiring::Kind::MaxTimes) family = Family::MaxAbs;
+    else return false;  // max_prod / kmax paths: the semiring's matmul
+    return true;
+  }
   if (dynamic_cast<const RealSemiring*>(&sr)) family = Family::Real;
   else if (dynamic_cast<const AbsSemiring*>(&sr)) family = Family::Abs;
   else if (dynamic_cast<const CountSemiring*>(&sr)) family = Family::Count;
@@ -201,6 +214,7 @@ TS_TILE_FN V exp_of(V x) {
 template <Family F>
 struct SumOf {
   static constexpr int kAcc = 1, kPer = 1;
+  static constexpr bool kWinner = false;
   template <class T>
   TS_TILE_FN static T zero(int) { return T(0); }
   template <class V, class T>
@@ -213,15 +227,32 @@ struct SumOf {
 // max_abs and viterbi (a_k = e^{g_k − G} ≥ 0): max of a·|w|, zero 0.
 struct MaxOfProducts {
   static constexpr int kAcc = 1, kPer = 1;
+  static constexpr bool kWinner = false;
   template <class T>
   TS_TILE_FN static T zero(int) { return T(0); }
   template <class V, class T>
   TS_TILE_FN static void update(V* acc, const T* s, V w) { acc[0] = max_keep(acc[0], s[0] * magnitude(w)); }
 };
+// The same with the winning k (plane 1, −1: no term > 0): the first of tied
+// maxima wins, as the provenance ⊕ keeps its left operand.
+struct ArgMaxOfProducts {
+  static constexpr int kAcc = 2, kPer = 1;
+  static constexpr bool kWinner = true;
+  template <class T>
+  TS_TILE_FN static T zero(int c) { return c == 0 ? T(0) : T(-1); }
+  template <class V, class T>
+  TS_TILE_FN static void update_at(V* acc, const T* s, V w, V k) {
+    const V p = s[0] * magnitude(w);
+    const auto wins = p > acc[0];
+    acc[0] = wins ? p : acc[0];
+    acc[1] = wins ? k : acc[1];
+  }
+};
 // max_prod: (M, m) NaN-marked when empty (as tile_arithmetic.h's MaxProdPair
 // expects), a zero weight marked NaN here, so neither enters the (max, min).
 struct SignedPair {
   static constexpr int kAcc = 2, kPer = 2;
+  static constexpr bool kWinner = false;
   template <class T>
   TS_TILE_FN static T zero(int c) { return MaxProdPair::zero<T>(c); }
   template <class V, class T>
@@ -232,6 +263,7 @@ struct SignedPair {
 // entropy: s = (a, a·h); Z += a|w|, R += a·h·|w| − a·|w|log|w| (|w|log|w| = 0 at w = 0).
 struct EntropyPair {
   static constexpr int kAcc = 2, kPer = 2;
+  static constexpr bool kWinner = false;
   template <class T>
   TS_TILE_FN static T zero(int) { return T(0); }
   template <class V, class T>
@@ -246,6 +278,7 @@ struct EntropyPair {
 template <int KP>
 struct TopProducts {
   static constexpr int kAcc = KP, kPer = KP;
+  static constexpr bool kWinner = false;
   template <class T>
   TS_TILE_FN static T zero(int) { return T(0); }
   template <class V, class T>
@@ -308,7 +341,8 @@ TS_TILE_FN void lane_block(const T* s, const Src& src, int64_t K, int64_t ld, in
     for (int b = 0; b < NB; ++b) {
       V x = src.template at<V>(k, n0 + b * L);
       if constexpr (CHECK) finite += x * T(0);
-      if constexpr (ACC) Op::update(acc[b], sk, x);
+      if constexpr (ACC && Op::kWinner) Op::update_at(acc[b], sk, x, splat<V>(T(k)));
+      else if constexpr (ACC) Op::update(acc[b], sk, x);
       src.template emit<V>(k, n0 + b * L, x);
     }
   }
@@ -357,6 +391,8 @@ struct RowScalars {
   T G = 0;          // exp-shift (0 for the linear families)
   bool empty = false;       // no paths at all (every g is the zero): no results to check
   bool underflows = false;  // some a_k were flushed to 0
+  const T* ids = nullptr;   // provenance: the row's ids, id of k at ids[k·id_stride]
+  int64_t id_stride = 1;
 };
 
 // Lane-wise "any": a comparison mask (vector) or a bool (scalar).
@@ -518,14 +554,19 @@ T threshold(Family family, const RowScalars<T>& row, const Src& src, int64_t K, 
 template <class Op, class T, class V, class Src>
 TS_TILE_FN void finish_row(Family family, int64_t kmax, const RowScalars<T>& row, const Src& src, int64_t K,
                            int64_t N, int64_t Ntot, const T* acc, T* out, int64_t plane, std::vector<int64_t>& redo) {
-  constexpr int kacc = Op::kAcc;
+  constexpr int kscores = Op::kWinner ? 1 : Op::kAcc;  // a winner plane follows the score
+  if constexpr (Op::kWinner)
+    for (int64_t n = 0; n < Ntot; ++n) {
+      const T won = acc[Ntot + n];
+      out[plane + n] = won >= 0 ? row.ids[static_cast<int64_t>(won) * row.id_stride] : T(-1);
+    }
   switch (family) {
     case Family::Real:
     case Family::Abs:
     case Family::Count:
     case Family::MaxAbs:
     case Family::MaxProd:
-      for (int c = 0; c < kacc; ++c) std::memcpy(out + c * plane, acc + c * Ntot, Ntot * sizeof(T));
+      for (int c = 0; c < kscores; ++c) std::memcpy(out + c * plane, acc + c * Ntot, Ntot * sizeof(T));
       return;
     default:
       break;
@@ -627,7 +668,8 @@ void run_isa(Job& job) {
 }
 
 template <class T, class Job>
-void run_family(Family family, int64_t k, Job& job) {
+void run_family(Family family, int64_t k, bool ids, Job& job) {
+  if (ids) return run_isa<ArgMaxOfProducts, T>(job);  // viterbi / max_abs + paths
   switch (family) {
     case Family::Real: return run_isa<SumOf<Family::Real>, T>(job);
     case Family::Abs:
@@ -660,6 +702,7 @@ template <class T>
 struct RowProductsJob {
   Family family;
   int64_t kmax, C, R, K, N;
+  bool ids;
   const T* g;
   int64_t gc, gr, gk;
   const T* w;  // contiguous (R, K, N)
@@ -674,6 +717,8 @@ struct RowProductsJob {
     RowScalars<T> row{s.data()};
     for (int64_t r = 0; r < R && !declined; ++r) {
       StoredWeights<T> src{w + r * K * N, N};
+      row.ids = g + r * gr + gc;  // component 1 of a provenance value (read only by the winner loop)
+      row.id_stride = gk;
       if (!prepare_row<Op, T, V>(family, kmax, g + r * gr, gc, gk, K, row, scratch.data()) ||
           !row_products<Op, true, true, T, V>(s.data(), src, K, N, acc.data(), N)) {
         declined = true;
@@ -692,6 +737,7 @@ template <class T>
 struct ValueBlocksJob {
   Family family;
   int64_t kmax, C, BH, R, T_, S, D, E;
+  bool ids;
   bool causal, need_x, need_q;
   const T* g;   // contiguous (C, BH, R, D)
   const T* vT;  // contiguous (BH, D, S)
@@ -727,6 +773,7 @@ struct ValueBlocksJob {
           for (int64_t i = 0; i < rows_here; ++i) {
             const int64_t r = r0 + i;
             const T* g_row = g + (bh * R + r) * D;
+            rows[i].ids = g_row + BH * R * D;  // component 1 of a provenance value
             if (!prepare_row<Op, T, V>(family, kmax, g_row, BH * R * D, 1, D, rows[i], scratch.data())) {
               declined = true;
               return;
@@ -786,7 +833,8 @@ struct ValueBlocksJob {
 Tensor attention_row_products(const Semiring& sr, const Tensor& g, const Tensor& w) {
   Family family;
   int64_t k;
-  if (!family_of(sr, family, k) || !kernel_dtype(g, w) || g.dim() != 3 || w.dim() != 3) return {};
+  bool ids;
+  if (!family_of(sr, family, k, ids) || !kernel_dtype(g, w) || g.dim() != 3 || w.dim() != 3) return {};
   const int64_t C = g.size(0), R = g.size(1), K = g.size(2), N = w.size(2);
   if (w.size(0) != R || w.size(1) != K || C != sr.components() || R == 0 || K == 0 || N == 0) return {};
   auto weights = w.contiguous();
@@ -794,9 +842,9 @@ Tensor attention_row_products(const Semiring& sr, const Tensor& g, const Tensor&
   std::vector<int64_t> redo;
   bool declined = false;
   AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "attention_row_products", [&] {
-    RowProductsJob<scalar_t> job{family, k, C, R, K, N, g.data_ptr<scalar_t>(), g.stride(0), g.stride(1),
+    RowProductsJob<scalar_t> job{family, k, C, R, K, N, ids, g.data_ptr<scalar_t>(), g.stride(0), g.stride(1),
                                  g.stride(2), weights.data_ptr<scalar_t>(), out.data_ptr<scalar_t>()};
-    run_family<scalar_t>(family, k, job);
+    run_family<scalar_t>(family, k, ids, job);
     declined = job.declined;
     redo = std::move(job.redo);
   });
@@ -816,7 +864,8 @@ bool attention_value_blocks(const Semiring& sr, const Tensor& g, const Tensor& v
                             Tensor& X, Tensor& Q) {
   Family family;
   int64_t kmax;
-  if (!family_of(sr, family, kmax) || (!need_x && !need_q)) return false;
+  bool ids;
+  if (!family_of(sr, family, kmax, ids) || (!need_x && !need_q)) return false;
   if (g.dim() != 5 || v.dim() != 4 || !kernel_dtype(g, v)) return false;
   for (const auto* t : {&out, &P, &k})
     if (t->scalar_type() != g.scalar_type() || !t->device().is_cpu() || (t->requires_grad() && at::GradMode::is_enabled()))
@@ -841,12 +890,12 @@ bool attention_value_blocks(const Semiring& sr, const Tensor& g, const Tensor& v
   std::vector<int64_t> redo_x;
   bool declined = false;
   AT_DISPATCH_FLOATING_TYPES(g.scalar_type(), "attention_value_blocks", [&] {
-    ValueBlocksJob<scalar_t> job{family, kmax, C, BH, R, T, S, D, E, causal, need_x, need_q,
+    ValueBlocksJob<scalar_t> job{family, kmax, C, BH, R, T, S, D, E, ids, causal, need_x, need_q,
                                  gc.data_ptr<scalar_t>(), vT.data_ptr<scalar_t>(), oc.data_ptr<scalar_t>(),
                                  Pc.data_ptr<scalar_t>(), kc,
                                  need_x ? X.data_ptr<scalar_t>() : nullptr, need_q ? Q.data_ptr<scalar_t>() : nullptr,
                                  block_rows, &sr, gc.view({C, BH, R, D}), need_q ? Q.view({C, BH, R, E}) : Tensor()};
-    run_family<scalar_t>(family, kmax, job);
+    run_family<scalar_t>(family, kmax, ids, job);
     declined = job.declined;
     redo_x = std::move(job.redo_x);
   });

@@ -11,8 +11,8 @@
 // arithmetic in linear space (see the .cpp).
 //
 // Both entry points decline — an undefined tensor / false — where they do not
-// apply: a semiring without a loop here (provenance, Python, product, kmax with
-// k > 8), a dtype other than float/double, a non-CPU tensor, a graph-building
+// apply: a semiring without a loop here (Python, product, kmax with k > 8,
+// the max_prod and kmax provenance versions), a dtype other than float/double, a non-CPU tensor, a graph-building
 // call, non-finite weights or values outside what the loops are exact on. The
 // caller then takes the semiring's generic products, so these never return a
 // number the generic path would not.

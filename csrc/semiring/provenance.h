@@ -33,6 +33,7 @@ class ProvenanceSemiring final : public Semiring {
       default: return "kmax+paths";
     }
   }
+  Kind kind() const { return kind_; }
   int64_t components() const override { return 2 * E_; }
   bool tracks_origin() const override { return true; }
   int64_t origin_entries() const override { return E_; }
