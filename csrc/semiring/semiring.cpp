@@ -157,13 +157,12 @@ Tensor Semiring::scatter_oplus(const Tensor& src, const Tensor& index, int64_t n
   for (int64_t s = 1; s < span; s *= 2) {
     auto reaches = rank.narrow(0, s, n - s) >= s;  // entry j − s hits j's target
     auto later = vals.narrow(1, s, n - s);
-    auto folded = at::where(reaches, oplus(later, vals.narrow(1, 0, n - s)), later);
-    vals = at::cat({vals.narrow(1, 0, s), folded}, 1);
+    later.copy_(at::where(reaches, oplus(later, vals.narrow(1, 0, n - s)), later));  // read in full, then written
   }
-  // the other entries of a run go to a spare slot past the end, dropped
-  auto slot = at::where(ends, keys, at::full_like(keys, numel));
-  auto out = zero({numel + 1}, src.options()).index_copy(1, slot, vals);
-  return out.narrow(1, 0, numel).contiguous();
+  // every entry of a run writes the run's total (its last entry): repeated
+  // targets then receive one same value, whatever the order of the writes
+  auto last = std::get<0>(at::where(ends, pos, at::full_like(pos, n)).flip(0).cummin(0)).flip(0);
+  return zero({numel}, src.options()).index_copy_(1, keys, vals.index_select(1, last));
 }
 
 namespace {
