@@ -900,7 +900,8 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const
 }
 
 at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor* argmax) {
-  if (!a_in.defined() || a_in.dim() != 3 || x_in.dim() != 2) return {};
+  // CPU only, checked before winners' data is touched (over_rows checks the rest)
+  if (!a_in.defined() || a_in.dim() != 3 || x_in.dim() != 2 || !a_in.device().is_cpu()) return {};
   const int64_t K = a_in.size(0), R = x_in.size(0), n = x_in.size(1);
   std::vector<at::Tensor> ins;
   std::vector<Holds> what;

@@ -1,6 +1,7 @@
 // Sliding-window ops over 1–3 spatial dims: convolution (input, weight, bias;
 // stride, padding, dilation, groups; transposed too) and average pooling
-// (fixed and adaptive windows). Written through the windows an output reads
+// (fixed windows; adaptive average pooling is area resampling, in
+// resampling.cpp). Written through the windows an output reads
 // (im2col's columns, here by Tensor::unfold so any number of dims works):
 //   conv:  y[b, o, l] = Σ_j W[o, j] · cols[b, j, l] + bias[o]
 // so   input:   v_cols[b, j, l] = ⊕_o g[b, o, l] ⊗ lift(W[o, j])   (semiring matmul)
@@ -206,47 +207,9 @@ std::vector<Tensor> avg_pool_rule(const RuleContext& ctx, const std::vector<Tens
   return {fold_windows(sr, gw, win, spatial).reshape(value_shape(C, in_shape))};
 }
 
-// adaptive_avg_pool2d: output (i, j) averages rows [⌊iH/OH⌋, ⌈(i+1)H/OH⌉) ×
-// cols [⌊jW/OW⌋, ⌈(j+1)W/OW⌉); windows may overlap and differ in size, so the
-// (output, input, weight) pairs are listed and ⊕-scattered.
-std::vector<Tensor> adaptive_avg_pool2d_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
-  if (!ctx.needs(0)) return {};
-  const auto& sr = ctx.semiring;
-  const auto in_shape = ctx.input_shape(0);
-  const Tensor& g = grads[0];
-  const int64_t C = g.size(0), H = in_shape[in_shape.size() - 2], W = in_shape.back();
-  const int64_t OH = g.size(-2), OW = g.size(-1), planes = g[0].numel() / (OH * OW);
-  auto window = [](int64_t o, int64_t size, int64_t out) {
-    return std::make_pair(o * size / out, ((o + 1) * size + out - 1) / out);
-  };
-  std::vector<int64_t> source, target;
-  std::vector<double> weight;
-  for (int64_t i = 0; i < OH; ++i)
-    for (int64_t j = 0; j < OW; ++j) {
-      auto [h0, h1] = window(i, H, OH);
-      auto [w0, w1] = window(j, W, OW);
-      for (int64_t h = h0; h < h1; ++h)
-        for (int64_t w = w0; w < w1; ++w) {
-          source.push_back(i * OW + j);
-          target.push_back(h * W + w);
-          weight.push_back(1.0 / double((h1 - h0) * (w1 - w0)));
-        }
-    }
-  const auto longs = at::TensorOptions().dtype(at::kLong);
-  auto src = at::tensor(source, longs), dst = at::tensor(target, longs);
-  auto picked = g.reshape({C, planes, OH * OW}).index_select(2, src);  // (C, planes, pairs)
-  picked = sr.otimes_edge(picked, at::tensor(weight, at::TensorOptions().dtype(at::kDouble)).to(g.scalar_type()));
-  auto index = (at::arange(planes, longs).unsqueeze(1) * (H * W) + dst).reshape(-1);
-  auto v = sr.scatter_oplus(picked.reshape({C, -1}), index, planes * H * W);
-  std::vector<int64_t> shape{C};
-  shape.insert(shape.end(), in_shape.begin(), in_shape.end());
-  return {v.view(shape)};
-}
-
 }  // namespace
 
 void register_convolution_rules() {
-  register_rule("AdaptiveAvgPool2DBackward0", adaptive_avg_pool2d_rule, "convolution");
   register_rule("ConvolutionBackward0", convolution_rule, "convolution");
   register_rule("AvgPool2DBackward0", avg_pool_rule<AvgPool2DBackward0, 2>, "convolution");
   register_rule("AvgPool3DBackward0", avg_pool_rule<AvgPool3DBackward0, 3>, "convolution");

@@ -192,9 +192,9 @@ Rule selection_rule(Positions select, Weights weigh = nullptr) {
     if (!ctx.needs(0)) return {};
     const auto in_shape = ctx.input_shape(0);
     const int64_t numel = c10::multiply_integers(in_shape);
-    auto positions = at::arange(numel, at::TensorOptions().dtype(at::kLong)).view(in_shape);
-    auto source = select(ctx.node, positions).reshape(-1);
     Tensor g = grads[0];
+    auto positions = at::arange(numel, g.options().dtype(at::kLong)).view(in_shape);  // on the value's device
+    auto source = select(ctx.node, positions).reshape(-1);
     if (weigh) g = ctx.semiring.otimes_edge(g, weigh(ctx).to(g.scalar_type()));
     auto out = ctx.semiring.scatter_oplus(g.reshape({g.size(0), -1}), source, numel);
     std::vector<int64_t> shape{g.size(0)};
@@ -213,8 +213,11 @@ Tensor embedding_weights(const RuleContext& ctx) {
   auto indices = n.indices_.unpack();
   auto w = indices.ne(n.padding_idx.expect_int()).to(ctx.output_options(0).dtype());
   if (n.scale_grad_by_freq) {
-    auto counts = at::bincount(indices.reshape(-1), {}, n.weight_sym_argsize_0.expect_int());
-    w = w / counts.index_select(0, indices.reshape(-1)).view(indices.sizes()).to(w.scalar_type());
+    // counted with index_add, not bincount: bincount's length depends on the data (a host read)
+    auto flat = indices.reshape(-1);
+    auto counts = at::zeros({n.weight_sym_argsize_0.expect_int()}, flat.options().dtype(at::kLong))
+                      .index_add_(0, flat, at::ones_like(flat, at::kLong));
+    w = w / counts.index_select(0, flat).view(indices.sizes()).to(w.scalar_type());
   }
   return w.unsqueeze(-1);
 }

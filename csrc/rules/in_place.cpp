@@ -20,8 +20,9 @@ using torch::autograd::CopySlices;
 // For every element of the view, the (row-major) index of the base element it
 // aliases — found as the stock backward finds the slice: an index tensor with
 // the base's geometry, viewed through view_fn or the view's strides.
-at::Tensor view_positions(const CopySlices& node) {
-  auto index = at::empty_strided(node.base.sizes(), node.base.strides(), at::TensorOptions().dtype(at::kLong));
+// Made on the value's device: `long_options` are the value's options, as int64.
+at::Tensor view_positions(const CopySlices& node, const at::TensorOptions& long_options) {
+  auto index = at::empty_strided(node.base.sizes(), node.base.strides(), long_options);
   index.copy_(at::arange(index.numel(), index.options()).view(node.base.sizes()));
   auto viewed = node.view_fn ? (*node.view_fn)(index)
                              : index.as_strided(node.view.sizes(), node.view.strides(),
@@ -35,7 +36,7 @@ std::vector<Tensor> copy_slices_rule(const RuleContext& ctx, const std::vector<T
   const auto& sr = ctx.semiring;
   const Tensor& g = grads.at(0);  // (C, *base)
   const int64_t C = sr.components();
-  const auto positions = view_positions(node);
+  const auto positions = view_positions(node, g.options().dtype(at::kLong));
   const auto view_shape = node.view.sizes().vec();
   std::vector<int64_t> slice_shape{C};
   slice_shape.insert(slice_shape.end(), view_shape.begin(), view_shape.end());

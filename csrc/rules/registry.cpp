@@ -54,28 +54,43 @@ const RuleEntry& rule_for(const Node& node, const Semiring& sr) {
 
 namespace {
 // The components a semiring splits (Semiring::infinite_split_components):
-// all of a value's, or — a product of semirings — those of its parts that do.
+// all of a value's, or — a product of semirings — those of its parts that do,
+// kept as runs of consecutive components so that taking and putting back a
+// part are narrows on the value's device (no index tensor to build).
 struct SplitComponents {
-  std::vector<int64_t> index;
+  std::vector<std::pair<int64_t, int64_t>> runs;  // (first component, count)
   bool all = false;
   explicit SplitComponents(const std::vector<bool>& which) {
-    for (size_t c = 0; c < which.size(); ++c)
-      if (which[c]) index.push_back(int64_t(c));
-    all = index.size() == which.size();
+    for (int64_t c = 0; c < (int64_t)which.size(); ++c) {
+      if (!which[c]) continue;
+      if (!runs.empty() && runs.back().first + runs.back().second == c) ++runs.back().second;
+      else runs.emplace_back(c, 1);
+    }
+    all = runs.size() == 1 && runs[0].first == 0 && runs[0].second == (int64_t)which.size();
   }
-  bool any() const { return !index.empty(); }
+  bool any() const { return !runs.empty(); }
   at::Tensor part(const at::Tensor& v) const {
-    return all ? v : v.index_select(0, at::tensor(index, at::TensorOptions().dtype(at::kLong)).to(v.device()));
+    if (all) return v;
+    std::vector<at::Tensor> pieces;
+    for (auto [first, count] : runs) pieces.push_back(v.narrow(0, first, count));
+    return pieces.size() == 1 ? pieces[0] : at::cat(pieces, 0);
   }
   at::Tensor with_part(const at::Tensor& v, const at::Tensor& part) const {
     if (all) return part;
-    return v.index_copy(0, at::tensor(index, at::TensorOptions().dtype(at::kLong)).to(v.device()), part);
+    auto out = v.clone();
+    int64_t offset = 0;
+    for (auto [first, count] : runs) {
+      out.narrow(0, first, count).copy_(part.narrow(0, offset, count));
+      offset += count;
+    }
+    return out;
   }
 };
 
 // A split part in one pass (CPU, float/double): the finite part (±∞ → 0), the
 // 0/1 indicator of the infinite entries, and whether a finite nonzero (or
-// NaN) entry exists. Elsewhere the same from ATen operations (4 passes).
+// NaN) entry exists. Elsewhere the same from ATen operations (4 passes), and
+// off the CPU a finite entry is assumed (reading it back would stall the device).
 struct SplitValue {
   at::Tensor finite, indicator;
   bool any_finite;
@@ -85,7 +100,7 @@ SplitValue split_value(const at::Tensor& v) {
   if (!v.device().is_cpu() || (dtype != at::kFloat && dtype != at::kDouble)) {
     const auto infinite = v.isinf();
     auto finite = v.masked_fill(infinite, 0);
-    const bool any = finite.numel() > 0 && finite.max().item<double>() != 0;  // NaN: finite
+    const bool any = !v.device().is_cpu() || (finite.numel() > 0 && finite.max().item<double>() != 0);  // NaN: finite
     return {finite, infinite.to(dtype), any};
   }
   const auto in = v.contiguous();
@@ -122,13 +137,17 @@ at::Tensor infinite_where_reached(const at::Tensor& out, const at::Tensor& reach
   return result;
 }
 
-// Whether a value's split components (≥ 0 or NaN) hold +∞: one reduction per
-// value (a host read; on a GPU, a sync per node).
-bool any_infinite(const std::vector<at::Tensor>& values, const SplitComponents& split) {
-  for (const auto& v : values)
-    if (v.defined() && v.numel() > 0 &&
-        split.part(v).max().item<double>() == std::numeric_limits<double>::infinity())
+// Whether a value's split components (≥ 0 or NaN) may hold +∞. On the CPU one
+// reduction per value decides (a host read, cheap there). On another device
+// the answer would be a host read and a stream stall per node, so it is "yes"
+// for any non-empty value: the split run below is exact either way and costs
+// a second run of the rule.
+bool may_hold_infinite(const std::vector<at::Tensor>& values, const SplitComponents& split) {
+  for (const auto& v : values) {
+    if (!v.defined() || v.numel() == 0) continue;
+    if (!v.device().is_cpu() || split.part(v).max().item<double>() == std::numeric_limits<double>::infinity())
       return true;
+  }
   return false;
 }
 
@@ -170,7 +189,7 @@ std::vector<at::Tensor> apply_rule(Node& node, const Semiring& sr, std::vector<b
   const size_t edges = node.next_edges().size();
   RuleContext ctx{node, sr, create_graph, std::move(needed)};
   const SplitComponents split(sr.infinite_split_components());
-  auto out = split.any() && any_infinite(values, split) ? rule_with_infinite_values(entry, ctx, values, split)
+  auto out = split.any() && may_hold_infinite(values, split) ? rule_with_infinite_values(entry, ctx, values, split)
                                                         : entry.rule(ctx, values);
   TORCH_CHECK(out.size() <= edges, "torch_semiring: the rule of ", node.name(), " returned ", out.size(),
               " values for ", edges, " inputs");

@@ -42,16 +42,20 @@ std::vector<int64_t> value_dims(at::IntArrayRef element_dims) {
 
 std::vector<Tensor> components_of(const Tensor& v) { return v.unbind(0); }
 
+// Filled on the value's device, one fill per run of equal components: no host
+// tensor is built and copied over (on a GPU that would be a host→device copy
+// and a stream stall per zero() / one()).
 Tensor constant_value(const std::vector<double>& per_component, at::IntArrayRef shape,
                       const at::TensorOptions& opts) {
-  std::vector<int64_t> view{(int64_t)per_component.size()};
-  view.insert(view.end(), shape.size(), 1);
-  std::vector<int64_t> full{(int64_t)per_component.size()};
+  const int64_t C = (int64_t)per_component.size();
+  std::vector<int64_t> full{C};
   full.insert(full.end(), shape.begin(), shape.end());
-  auto c = at::tensor(per_component, at::TensorOptions().dtype(at::kDouble))
-               .to(opts.device(), c10::typeMetaToScalarType(opts.dtype()));
-  // contiguous: callers may write into or view it freely
-  return c.view(view).expand(full).contiguous();
+  auto out = at::empty(full, opts);  // contiguous: callers may write into or view it freely
+  for (int64_t c0 = 0, c1; c0 < C; c0 = c1) {
+    for (c1 = c0 + 1; c1 < C && per_component[c1] == per_component[c0];) ++c1;
+    out.narrow(0, c0, c1 - c0).fill_(per_component[c0]);
+  }
+  return out;
 }
 
 Tensor oplus_sum_to(const Semiring& sr, const Tensor& value, at::IntArrayRef target, const std::string& who) {
@@ -128,29 +132,37 @@ Tensor Semiring::matmul(const Tensor& g, const Tensor& w) const {
   return acc;
 }
 
-// Generic scatter-⊕ in rounds: round r applies the r-th occurrence of every
-// target index at once, so each round is an injective gather-⊕-scatter that
-// only needs binary ⊕. The number of rounds is the largest multiplicity.
+// Generic scatter-⊕ as a segmented scan: sort the targets, ⊕ each run of
+// equal targets by log-step doubling (step s folds entry j − s into entry j
+// when both hit the same target) and write each run's last, complete entry.
+// Binary ⊕ only, O(C·n·log m) for a largest multiplicity m, and no
+// data-dependent shapes. On the CPU m is read to stop early; on a device the
+// scan runs the ⌈log2 n⌉ steps n allows rather than stall on a host read.
 Tensor Semiring::scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const {
-  auto out = zero({numel}, src.options());
   const int64_t n = index.numel();
-  if (n == 0) return out;
+  if (n == 0) return zero({numel}, src.options());
   auto sorted = index.sort(std::optional<bool>(true), /*dim=*/0, /*descending=*/false);
   auto keys = std::get<0>(sorted), order = std::get<1>(sorted);
   auto pos = at::arange(n, index.options());
-  auto starts = at::ones({n}, index.options().dtype(at::kBool));
-  if (n > 1) starts.narrow(0, 1, n - 1).copy_(keys.narrow(0, 1, n - 1) != keys.narrow(0, 0, n - 1));
+  auto starts = at::ones({n}, index.options().dtype(at::kBool)), ends = at::ones_like(starts);
+  if (n > 1) {
+    auto differs = keys.narrow(0, 1, n - 1) != keys.narrow(0, 0, n - 1);
+    starts.narrow(0, 1, n - 1).copy_(differs);
+    ends.narrow(0, 0, n - 1).copy_(differs);
+  }
   auto group_start = std::get<0>(at::where(starts, pos, at::zeros_like(pos)).cummax(0));
   auto rank = pos - group_start;  // occurrence number within its target
-  const int64_t rounds = rank.max().item<int64_t>() + 1;
-  for (int64_t r = 0; r < rounds; ++r) {
-    auto sel = (rank == r).nonzero().squeeze(1);
-    auto targets = keys.index_select(0, sel);
-    auto vals = src.index_select(1, order.index_select(0, sel));
-    auto merged = oplus(out.index_select(1, targets), vals);
-    out = out.index_copy(1, targets, merged);
+  const int64_t span = index.device().is_cpu() ? rank.max().item<int64_t>() + 1 : n;
+  auto vals = src.index_select(1, order);
+  for (int64_t s = 1; s < span; s *= 2) {
+    auto reaches = rank.narrow(0, s, n - s) >= s;  // entry j − s hits j's target
+    auto later = vals.narrow(1, s, n - s);
+    later.copy_(at::where(reaches, oplus(later, vals.narrow(1, 0, n - s)), later));  // read in full, then written
   }
-  return out;
+  // every entry of a run writes the run's total (its last entry): repeated
+  // targets then receive one same value, whatever the order of the writes
+  auto last = std::get<0>(at::where(ends, pos, at::full_like(pos, n)).flip(0).cummin(0)).flip(0);
+  return zero({numel}, src.options()).index_copy_(1, keys, vals.index_select(1, last));
 }
 
 namespace {

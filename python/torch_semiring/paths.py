@@ -214,6 +214,12 @@ def top_paths(
     k > 1: the k largest path log-magnitudes, as ``kmax``). The graph is kept
     (retain_graph) so the edge weights can be read from the nodes.
     """
+    if isinstance(output, torch.Tensor) and output.device.type == "meta":
+        # The backward itself runs on meta (shapes only); walking the paths reads their scores.
+        raise ValueError(
+            "torch_semiring: top_paths reads path scores and edge weights, and tensors on the 'meta' device "
+            "hold no data; run the forward pass on a device with data (cpu, cuda) to extract paths"
+        )
     inputs = list(_as_tuple(inputs))
     handle, kind, captured, in_graph, records, targets = _provenance_run(output, inputs, semiring, k, grad_outputs)
     tracer = _Tracer(handle, records, model, seq_len, num_heads)
