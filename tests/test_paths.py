@@ -125,6 +125,30 @@ def test_labels_on_a_tiny_bert():
         assert s.shape[1] == 2 and s.index[1] == s.head and s.index[2] == s.token
 
 
+def test_paths_read_the_device_once_per_step(monkeypatch):
+    # top_paths walks all k paths in lockstep: one transfer per step (plus
+    # one for the candidates and one for all edge weights), never a host read
+    # of one element (.item(), float(t), int(t)) — each a sync on a GPU.
+    model, embeds, out, _ = tiny_bert_run()
+    expected = ts.top_paths(out, embeds, semiring="viterbi", k=4, model=model, seq_len=5)
+    reads = []
+
+    def forbidden(self, *args):
+        raise AssertionError("a host read of one element while walking paths")
+
+    tolist = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "item", forbidden)
+    monkeypatch.setattr(torch.Tensor, "__float__", forbidden)
+    monkeypatch.setattr(torch.Tensor, "__int__", forbidden)
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.numel()) or tolist(self))
+    paths = ts.top_paths(out, embeds, semiring="viterbi", k=4, model=model, seq_len=5)
+    monkeypatch.undo()
+    assert [p.to_dict() for p in paths] == [p.to_dict() for p in expected]
+    longest = max(len(p.steps) for p in paths)
+    assert len(reads) == longest + 2, reads  # candidates, one per step, edge weights
+    assert reads[1] == 2 * len(paths)  # the first step reads (score, id) of every path at once
+
+
 def test_parameters_are_labelled_by_name():
     model, embeds, out, _ = tiny_bert_run()
     weight = model.bert.encoder.layer[0].attention.self.query.weight

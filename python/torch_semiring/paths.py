@@ -126,7 +126,11 @@ class _Tracer:
         self.seq_len, self.num_heads = seq_len, num_heads
 
     def _label(self, node, slot, shape, flat):
-        index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), tuple(shape))) if shape else ()
+        index = []
+        for size in reversed(tuple(shape)):  # unravel on the host: no tensor made per step
+            flat, i = divmod(flat, size)
+            index.append(i)
+        index = tuple(reversed(index))
         if hasattr(node, "variable"):
             name, module = "leaf", self.param_names.get(id(node.variable))
         else:
@@ -143,28 +147,44 @@ class _Tracer:
                         break
         return name, module, tuple(dims), index, token, head
 
-    def trace(self, node, slot, flat, entry):
-        """[(node, slot, flat, entry, score)] from an input element to the output."""
-        chain = []
-        while True:
-            key = (id(node), slot)
-            if key not in self.records:
-                raise RuntimeError(f"torch_semiring: no recorded value for {node.name()} slot {slot}")
-            node, values, shape, contributors, n = self.records[key]
-            score = float(values[entry, flat])
-            origin = values[self.E + entry, flat].item()
-            chain.append((node, slot, flat, entry, score, shape))
-            if origin < 0:
-                raise RuntimeError("torch_semiring: a path ended without reaching the output (no origin id)")
-            origin = int(origin)
-            producer, edge = contributors[origin % n]
-            rest = origin // n
-            entry, element = rest % self.E, rest // self.E
-            if producer is None:  # the virtual root: we are at an output element
-                return chain
-            slot, flat = self._locate(producer, element)
-            chain[-1] = chain[-1] + ((producer, edge, slot, flat),)
-            node = producer
+    def trace_all(self, starts, first_step_only=False):
+        """Chains [(node, slot, flat, entry, score, shape[, (producer, edge, slot, flat)])], one per
+        start (node, slot, flat, entry), each from an input element to the output.
+
+        The walks run in lockstep: each step reads the (score, id) of every
+        walk still going in ONE transfer (no host read per element or per
+        walk), as the next step depends on those ids. ``first_step_only``
+        stops every walk once its first link is known.
+        """
+        chains = [[] for _ in starts]
+        active = [(w, node, slot, flat, entry) for w, (node, slot, flat, entry) in enumerate(starts)]
+        while active:
+            looked = []
+            for w, node, slot, flat, entry in active:
+                key = (id(node), slot)
+                if key not in self.records:
+                    raise RuntimeError(f"torch_semiring: no recorded value for {node.name()} slot {slot}")
+                looked.append(self.records[key])
+            picked = torch.stack([torch.stack((values[entry, flat], values[self.E + entry, flat]))
+                                  for (_, _, _, flat, entry), (_, values, _, _, _) in zip(active, looked)])
+            still = []
+            for (w, _, slot, flat, entry), (node, _, shape, contributors, n), (score, origin) in zip(
+                    active, looked, picked.tolist()):
+                chains[w].append((node, slot, flat, entry, score, shape))
+                if origin < 0:
+                    raise RuntimeError("torch_semiring: a path ended without reaching the output (no origin id)")
+                origin = int(origin)
+                producer, edge = contributors[origin % n]
+                rest = origin // n
+                next_entry, element = rest % self.E, rest // self.E
+                if producer is None:  # the virtual root: this walk is at an output element
+                    continue
+                next_slot, next_flat = self._locate(producer, element)
+                chains[w][-1] = chains[w][-1] + ((producer, edge, next_slot, next_flat),)
+                if not first_step_only:
+                    still.append((w, producer, next_slot, next_flat, next_entry))
+            active = still
+        return chains
 
     @staticmethod
     def _locate(node, element):
@@ -176,8 +196,10 @@ class _Tracer:
         raise RuntimeError(f"torch_semiring: origin element beyond the outputs of {node.name()}")
 
 
-def _local_derivative(producer, edge, out_slot, out_flat, in_shape, in_flat) -> Optional[float]:
-    """∂(producer output element)/∂(input element) as the node's own backward computes it."""
+def _local_derivative(producer, edge, out_slot, out_flat, in_shape, in_flat) -> Optional[torch.Tensor]:
+    """∂(producer output element)/∂(input element) as the node's own backward computes it: a 0-dim
+    float64 tensor on the node's device (read by the caller together with the others), None for a
+    node that cannot be called this way."""
     grads = [torch.zeros(m.shape, dtype=m.dtype, device=m.device) for m in producer._input_metadata]
     grads[out_slot].view(-1)[out_flat] = 1
     try:
@@ -189,9 +211,10 @@ def _local_derivative(producer, edge, out_slot, out_flat, in_shape, in_flat) -> 
         result = (result,)
     g = result[edge]
     if g is None:
-        return 0.0
-    return float(g.sum_to_size(in_shape).reshape(-1)[in_flat]) if tuple(g.shape) != tuple(in_shape) \
-        else float(g.reshape(-1)[in_flat])
+        return torch.zeros((), dtype=torch.float64, device=grads[out_slot].device)
+    if tuple(g.shape) != tuple(in_shape):
+        g = g.sum_to_size(in_shape)
+    return g.reshape(-1)[in_flat].to(torch.float64)
 
 
 def top_paths(
@@ -224,32 +247,37 @@ def top_paths(
     handle, kind, captured, in_graph, records, targets = _provenance_run(output, inputs, semiring, k, grad_outputs)
     tracer = _Tracer(handle, records, model, seq_len, num_heads)
     E = handle.origin_entries
-    candidates = []  # (score, input, flat, entry)
+    # The k best of every (input, entry), read in one transfer.
+    keys, tops = [], []
     for i, (value, used) in enumerate(zip(captured, in_graph)):
         if not used or value is None:
             continue
         flat = value.reshape(value.shape[0], -1)
         for entry in range(E if kind == "kmax" else 1):
-            scores = flat[entry]
-            best = torch.topk(scores, min(k, scores.numel())).indices
-            candidates += [(float(scores[j]), i, int(j), entry) for j in best if math.isfinite(float(scores[j]))]
-    if kind == "max_abs":
-        candidates = [c for c in candidates if c[0] > 0]
+            best = torch.topk(flat[entry], min(k, flat.shape[1]))
+            keys += [(i, entry)] * best.values.numel()
+            tops.append(torch.stack((best.values.to(torch.float64), best.indices.to(torch.float64)), 1))
+    candidates = []  # (score, input, flat, entry)
+    if tops:
+        for (i, entry), (score, j) in zip(keys, torch.cat(tops).tolist()):
+            if math.isfinite(score) and (kind != "max_abs" or score > 0):
+                candidates.append((score, i, int(j), entry))
     candidates.sort(key=lambda c: (-c[0], c[1], c[2], c[3]))
+    candidates = candidates[:k]
+    chains = tracer.trace_all([(*targets[i], flat, entry) for _, i, flat, entry in candidates])
+    # Every edge weight from the nodes' own backward, read in one transfer.
+    derivatives = [_local_derivative(link[6][0], link[6][1], link[6][2], link[6][3], link[5], link[2])
+                   if len(link) > 6 else None for chain in chains for link in chain]
+    present = [d for d in derivatives if d is not None]
+    read = iter(torch.stack(present).tolist() if present else [])
+    weights = iter([next(read) if d is not None else None for d in derivatives])
+    readout = "max_prod" if kind == "max_prod" else semiring if kind != "kmax" else "kmax"
     paths = []
-    for rank, (score, i, flat, entry) in enumerate(candidates[:k]):
-        node, slot = targets[i]
-        chain = tracer.trace(node, slot, flat, entry)
+    for rank, ((score, i, _, _), chain) in enumerate(zip(candidates, chains)):
         steps = []
-        for link in chain:
-            n, s, f, _, value, shape = link[:6]
+        for n, s, f, _, value, shape, *_ in chain:
             name, module, dims, index, token, head = tracer._label(n, s, shape, f)
-            weight = None
-            if len(link) > 6:
-                producer, edge, out_slot, out_flat = link[6]
-                weight = _local_derivative(producer, edge, out_slot, out_flat, shape, f)
-            steps.append(Step(name, module, dims, index, token, head, value, weight))
-        readout = "max_prod" if kind == "max_prod" else semiring if kind != "kmax" else "kmax"
+            steps.append(Step(name, module, dims, index, token, head, value, next(weights)))
         paths.append(Path(readout, score, i, rank, steps))
     return paths
 
@@ -368,7 +396,7 @@ def component_flow(
     inputs = [tensors[label] for label in labels]
     handle, kind, captured, in_graph, records, targets = _provenance_run(output, inputs, semiring, 1, grad_outputs)
     tracer = _Tracer(handle, records)
-    rows = []
+    rows, starts = [], []
     for label, (node, slot), value, used in zip(labels, targets, captured, in_graph):
         if not used or value is None:
             continue
@@ -376,17 +404,20 @@ def component_flow(
         if scores.dim() != 3:
             raise ValueError(f"torch_semiring: tensor '{label}' has shape {tuple(scores.shape)}; "
                              "component_flow expects (batch, tokens, hidden)")
-        for b in range(scores.shape[0]):
-            for t in range(scores.shape[1]):
-                h = int(scores[b, t].argmax())
-                flat = (b * scores.shape[1] + t) * scores.shape[2] + h
-                chain = tracer.trace(node, slot, flat, 0)
-                consumer = None
-                if len(chain[0]) > 6:
-                    producer = chain[0][6][0]
-                    consumer = producer.metadata.get("module") if hasattr(producer, "metadata") else None
-                rows.append({"layer": label, "batch": b, "token": t, "branch": _branch(consumer, branches),
-                             "value": float(scores[b, t, h]), "consumer": consumer})
+        h_best = scores.argmax(-1, keepdim=True)  # per token: its best element (first of ties), one read below
+        v_best = scores.gather(-1, h_best)
+        B, T, H = scores.shape
+        for (b, t), (v, h) in zip(((b, t) for b in range(B) for t in range(T)),
+                                  torch.cat((v_best.double(), h_best.double()), -1).reshape(-1, 2).tolist()):
+            starts.append((node, slot, (b * T + t) * H + int(h), 0))
+            rows.append({"layer": label, "batch": b, "token": t, "value": v})
+    for row, chain in zip(rows, tracer.trace_all(starts, first_step_only=True)):
+        consumer = None
+        if len(chain[0]) > 6:
+            producer = chain[0][6][0]
+            consumer = producer.metadata.get("module") if hasattr(producer, "metadata") else None
+        row.update(branch=_branch(consumer, branches), consumer=consumer)
+    rows = [{key: row[key] for key in ("layer", "batch", "token", "branch", "value", "consumer")} for row in rows]
     return pd.DataFrame(rows)
 
 
