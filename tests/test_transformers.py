@@ -5,6 +5,7 @@ float64, and `real` equals autograd on the real MiniLM weights."""
 from __future__ import annotations
 
 import itertools
+import math
 import os
 
 import pytest
@@ -164,3 +165,40 @@ def test_real_equals_autograd_on_real_minilm():
     # and the max semiring runs on it, giving finite per-token path scores
     (vit,) = ts.grad(score, embeds, semiring="viterbi")
     assert torch.isfinite(vit.amax(-1)).all()
+
+
+def test_reduced_precision_values_travel_in_float32():
+    # 17³ = 4913 paths of weight 1 from each input element: bf16 holds 4912 or
+    # 4928, not 4913, so a count carried in bf16 is wrong; float32 values keep
+    # it (and log 4913, the log and entropy readouts) exact. real keeps the
+    # tensors' dtype, as a gradient does.
+    x = torch.randn(2, 17, dtype=torch.bfloat16, requires_grad=True)
+    ones = torch.ones(17, 17, dtype=torch.bfloat16)
+    out = (x @ ones @ ones @ ones).sum()
+    (count,), (log,), (entropy,), (viterbi,), (kmax,) = ts.grad(
+        out, x, semiring=("count", "log", "entropy", "viterbi", "kmax"), k=2, retain_graph=True)
+    for value in (count, log, entropy, viterbi, kmax):
+        assert value.dtype == torch.float32
+    assert torch.equal(count, torch.full((2, 17), 4913.0))
+    torch.testing.assert_close(log, torch.full((2, 17), math.log(4913)), rtol=1e-6, atol=0)
+    torch.testing.assert_close(entropy, torch.full((2, 17), math.log(4913)), rtol=1e-5, atol=0)
+    assert torch.equal(viterbi, torch.zeros(2, 17)) and torch.equal(kmax, torch.zeros(2, 17, 2))
+    (real,) = ts.grad(out, x, retain_graph=True)
+    assert real.dtype == torch.bfloat16 and torch.equal(real, torch.autograd.grad(out, x)[0])
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+def test_bf16_model_values_in_float32(family):
+    model = tiny(family, "sdpa", dropout=0.0).bfloat16().eval()
+    ids = torch.tensor([[1, 5, 7, 2]])
+    out = model(input_ids=ids).logits[0, -1].float().sum()
+    weight = model.get_input_embeddings().weight
+    (log,), (entropy,), (vit,) = ts.grad(out, weight, semiring=("log", "entropy", "viterbi"), retain_graph=True)
+    for value in (log, entropy, vit):
+        assert value.dtype == torch.float32 and torch.isfinite(value[ids[0]]).all()
+    # the same numbers as the model in float64 with the bf16 weights, to bf16-level edge weights
+    twin = tiny(family, "sdpa", dropout=0.0).bfloat16().double().eval()
+    twin.load_state_dict(model.double().state_dict())
+    (expected,) = ts.grad(twin(input_ids=ids).logits[0, -1].sum(), twin.get_input_embeddings().weight,
+                          semiring="log")
+    torch.testing.assert_close(log[ids[0]].double(), expected[ids[0]], rtol=0, atol=0.05)

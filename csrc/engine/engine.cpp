@@ -42,12 +42,13 @@ std::vector<int64_t> shape_of(const InputMetadata& meta) {
 }
 
 // The semiring version of validate_outputs: ⊕-reduce broadcast dims down to
-// the shape of the tensor the edge points at, and match its dtype.
+// the shape of the tensor the edge points at, and match its dtype (bf16/fp16
+// tensors: float32 values outside real, Semiring::value_dtype).
 at::Tensor conform(const Semiring& sr, at::Tensor value, const InputMetadata& meta,
                    const Node& producer, size_t edge) {
   value = oplus_sum_to(sr, value, shape_of(meta), "the rule of " + producer.name() + " (input " +
                                                       std::to_string(edge) + ")");
-  const auto dtype = c10::typeMetaToScalarType(meta.dtype());
+  const auto dtype = sr.value_dtype(c10::typeMetaToScalarType(meta.dtype()));
   if (value.scalar_type() != dtype) value = value.to(dtype);
   return value;
 }

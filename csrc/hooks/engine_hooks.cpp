@@ -180,7 +180,10 @@ void engine_execute(void* self, const void* roots_ptr, const void* inputs_ptr, i
     // grad_output entries are weights of edges to a virtual sink: lifted
     // (the default all-ones grad_outputs become the semiring one).
     for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].defined()) seeds[i] = wrap_value(sr.lift(inputs[i].detach()), sr, inputs[i].scalar_type());
+      if (inputs[i].defined()) {
+        const auto dtype = inputs[i].scalar_type();
+        seeds[i] = wrap_value(sr.lift(inputs[i].detach().to(sr.value_dtype(dtype))), sr, dtype);
+      }
   }
   LeafValues leaves;
   struct Pending {

@@ -59,7 +59,8 @@ TORCH_LIBRARY_IMPL(_, TESTING_ONLY_GenericWrapper, m) { m.fallback(torch::CppFun
 
 at::Tensor wrap_value(at::Tensor value, const Semiring& semiring, at::ScalarType dtype) {
   TORCH_INTERNAL_ASSERT(value.defined() && value.dim() >= 1 && value.size(0) == semiring.components());
-  if (value.scalar_type() != dtype) value = value.to(dtype);
+  const auto carried = semiring.value_dtype(dtype);  // bf16/fp16 tensors: float32 values outside real
+  if (value.scalar_type() != carried) value = value.to(carried);
   return at::Tensor(c10::make_intrusive<SemiringValueImpl>(std::move(value), semiring, dtype));
 }
 

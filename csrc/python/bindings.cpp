@@ -128,6 +128,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::class_<Semiring, std::shared_ptr<Semiring>>(m, "Semiring")
       .def_property_readonly("name", &Semiring::name)
       .def_property_readonly("components", &Semiring::components)
+      .def("value_like", [](const Semiring& s, const at::Tensor& t) { return t.to(s.value_dtype(t.scalar_type())); },
+           "t in the dtype this semiring's values take for a tensor of t's dtype (Semiring::value_dtype)")
       .def("zero", [](const Semiring& s, std::vector<int64_t> shape, const at::Tensor& like) {
         return s.zero(shape, like.options());
       })

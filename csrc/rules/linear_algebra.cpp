@@ -41,15 +41,15 @@ std::vector<Tensor> scaled_contraction(const RuleContext& ctx, const Tensor& g, 
   const auto& sr = ctx.semiring;
   std::vector<Tensor> out(3);
   if (ctx.needs(0)) out[0] = scaled(sr, g, beta);
-  if (ctx.needs(1)) out[1] = scaled(sr, value_of_lhs(sr, g, b.unpack()), alpha);
-  if (ctx.needs(2)) out[2] = scaled(sr, value_of_rhs(sr, g, a.unpack()), alpha);
+  if (ctx.needs(1)) out[1] = scaled(sr, value_of_lhs(sr, g, ctx.unpack(b)), alpha);
+  if (ctx.needs(2)) out[2] = scaled(sr, value_of_rhs(sr, g, ctx.unpack(a)), alpha);
   return out;
 }
 
 std::vector<Tensor> contraction(const RuleContext& ctx, const Tensor& g, SavedVariable& a, SavedVariable& b) {
   std::vector<Tensor> out(2);
-  if (ctx.needs(0)) out[0] = value_of_lhs(ctx.semiring, g, b.unpack());
-  if (ctx.needs(1)) out[1] = value_of_rhs(ctx.semiring, g, a.unpack());
+  if (ctx.needs(0)) out[0] = value_of_lhs(ctx.semiring, g, ctx.unpack(b));
+  if (ctx.needs(1)) out[1] = value_of_rhs(ctx.semiring, g, ctx.unpack(a));
   return out;
 }
 
@@ -77,9 +77,9 @@ std::vector<Tensor> matrix_vector(const RuleContext& ctx, const Tensor& g, size_
   const auto& sr = ctx.semiring;
   std::vector<Tensor> out(mat_slot + 2);
   auto g2 = g.unsqueeze(-1);  // (C, M, 1)
-  if (ctx.needs(mat_slot)) out[mat_slot] = scaled(sr, value_of_lhs(sr, g2, vec.unpack().unsqueeze(-1)), alpha);
+  if (ctx.needs(mat_slot)) out[mat_slot] = scaled(sr, value_of_lhs(sr, g2, ctx.unpack(vec).unsqueeze(-1)), alpha);
   if (ctx.needs(mat_slot + 1))
-    out[mat_slot + 1] = scaled(sr, value_of_rhs(sr, g2, mat.unpack()).squeeze(-1), alpha);
+    out[mat_slot + 1] = scaled(sr, value_of_rhs(sr, g2, ctx.unpack(mat)).squeeze(-1), alpha);
   return out;
 }
 std::vector<Tensor> mv_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
@@ -98,8 +98,8 @@ std::vector<Tensor> dot_rule(const RuleContext& ctx, const std::vector<Tensor>& 
   const auto& sr = ctx.semiring;
   auto g = grads[0].unsqueeze(-1);  // (C, 1)
   std::vector<Tensor> out(2);
-  if (ctx.needs(0)) out[0] = sr.otimes_edge(g, n.tensor_.unpack());
-  if (ctx.needs(1)) out[1] = sr.otimes_edge(g, n.self_.unpack());
+  if (ctx.needs(0)) out[0] = sr.otimes_edge(g, ctx.unpack(n.tensor_));
+  if (ctx.needs(1)) out[1] = sr.otimes_edge(g, ctx.unpack(n.self_));
   return out;
 }
 

@@ -71,7 +71,7 @@ std::vector<Tensor> layer_norm_rule(const RuleContext& ctx, const std::vector<Te
   auto& n = static_cast<NativeLayerNormBackward0&>(ctx.node);
   auto x = ctx.unpack(n.input_);
   auto x_hat = (x - ctx.unpack(n.result1_)) * ctx.unpack(n.result2_);
-  auto weight = n.weight_.unpack();
+  auto weight = ctx.unpack(n.weight_);
   return normalization(ctx, grads[0], x_hat, ctx.unpack(n.result2_), weight, numel_of(n.normalized_shape),
                        /*centered=*/true, /*has_bias=*/true);
 }
@@ -84,7 +84,7 @@ std::vector<Tensor> rms_norm_rule(const RuleContext& ctx, const std::vector<Tens
   auto rstd = ctx.unpack(n.result1_);
   int64_t N = 1;
   for (auto s : n.normalized_shape) N *= s;
-  return normalization(ctx, grads[0], x * rstd, rstd, n.weight_.unpack(), N, /*centered=*/false,
+  return normalization(ctx, grads[0], x * rstd, rstd, ctx.unpack(n.weight_), N, /*centered=*/false,
                        /*has_bias=*/false);
 }
 
@@ -104,11 +104,11 @@ std::vector<Tensor> batch_norm_rule(const RuleContext& ctx, const std::vector<Te
     mean = ctx.unpack(n.result1_);
     invstd = ctx.unpack(n.result2_);
   } else {
-    mean = n.running_mean_.unpack();
-    invstd = (n.running_var_.unpack() + n.eps).rsqrt();
+    mean = ctx.unpack(n.running_mean_);
+    invstd = (ctx.unpack(n.running_var_) + n.eps).rsqrt();
   }
   auto x_hat = (x - mean.view(per_channel)) * invstd.view(per_channel);
-  auto weight = n.weight_.unpack();
+  auto weight = ctx.unpack(n.weight_);
   std::vector<int64_t> not_channel{0};
   for (int64_t d = 2; d < x.dim(); ++d) not_channel.push_back(d);
   std::vector<Tensor> out(3);

@@ -228,8 +228,16 @@ std::vector<int64_t> RuleContext::output_shape(size_t j) const { return dims_of(
 
 at::TensorOptions RuleContext::output_options(size_t j) const { return node.input_metadata(j).options(); }
 
+// A saved bf16/fp16 tensor comes out in the dtype the semiring's values take
+// for it (Semiring::value_dtype: float32 outside real), so every rule's
+// arithmetic — ATen matmuls included, which do not promote — runs in it.
 at::Tensor RuleContext::unpack(const torch::autograd::SavedVariable& saved) const {
-  return saved.unpack(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&node));
+  auto t = saved.unpack(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&node));
+  if (t.defined()) {
+    const auto wide = semiring.value_dtype(t.scalar_type());
+    if (wide != t.scalar_type()) t = t.to(wide);
+  }
+  return t;
 }
 
 // Inputs nobody asked for are hidden from the node while it runs (their edges

@@ -43,6 +43,16 @@ class Semiring {
   // so no rule ever sees one. (An infinite local derivative, sqrt at 0,
   // meeting a zero value is NaN as in stock.)
   virtual std::vector<bool> infinite_split_components() const { return {}; }
+  // The dtype a value travels in along an edge into a tensor of `tensor_dtype`:
+  // the tensor's (as a gradient would) for real and for float32/float64, at
+  // least float32 for bf16/fp16 tensors in every other semiring — log-space
+  // scores, path counts and sums of |path products| in bf16 would keep 8 bits
+  // of a sum over millions of paths. Weights stay in the tensors' dtype (the
+  // rules' arithmetic promotes them).
+  at::ScalarType value_dtype(at::ScalarType tensor_dtype) const {
+    const bool reduced = tensor_dtype == at::kBFloat16 || tensor_dtype == at::kHalf;
+    return reduced && !stock_backward_is_exact() ? at::kFloat : tensor_dtype;
+  }
 
   // ---- element-wise primitives; all shapes broadcast over element dims -----
   Tensor zero(at::IntArrayRef shape, const at::TensorOptions& opts) const;

@@ -80,7 +80,7 @@ def _roots_and_seeds(sr: Resolved, outputs: tuple, grad_outputs: Optional[Sequen
         roots.append(_edge_of(out, f"outputs[{i}]"))
         if go is None:
             # Every output element is seeded with the semiring one (SPEC §1).
-            seeds.append(sr.handle.one(list(out.shape), out.detach()))
+            seeds.append(sr.handle.one(list(out.shape), sr.handle.value_like(out.detach())))
             continue
         if not isinstance(go, torch.Tensor):
             raise TypeError(f"torch_semiring: grad_outputs[{i}] must be a Tensor or None, got {type(go).__name__}")
@@ -91,7 +91,7 @@ def _roots_and_seeds(sr: Resolved, outputs: tuple, grad_outputs: Optional[Sequen
                 f"but outputs[{i}] has shape {tuple(out.shape)}"
             )
         # grad_output entries are weights of edges to a virtual sink: lifted.
-        seeds.append(sr.handle.lift(go.to(out.dtype)))
+        seeds.append(sr.handle.lift(sr.handle.value_like(go.to(out.dtype))))
     return roots, seeds
 
 
