@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import torch_semiring as ts
+from torch_semiring import _C
 from reference import SEMIRING_NAMES, reference_values
 from test_reference import assert_values_equal
 from python_semirings import PyMaxPlus
@@ -266,3 +267,60 @@ def test_float32_agrees_with_float64(semiring, size):
     for a, b in zip(*results):
         assert a.dtype == torch.float32
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, equal_nan=True)
+
+
+# ---- CUDA's fused attention nodes, standing in on the CPU ----------------------------
+# Their rules are adapters over the saved fields into the same rule; the
+# stand-in nodes (_C.attention_node_standin) hold what CUDA's forward saves,
+# in each kernel's own logsumexp layout, so on the CPU the engine runs exactly
+# the code a GPU graph would. (Nothing here has run on a GPU.)
+
+def _cuda_layout(kind, lse):
+    if kind == "efficient":  # (B, H, T rounded up to 32), the padding never read
+        T = lse.shape[-1]
+        padded = torch.full((*lse.shape[:-1], -(-T // 32) * 32), math.nan, dtype=lse.dtype)
+        padded[..., :T] = lse
+        return padded
+    if kind == "cudnn":
+        return lse.unsqueeze(-1)
+    return lse
+
+
+# real runs a node's own (CUDA) backward, which cannot run on CPU tensors.
+@pytest.mark.parametrize("semiring", [s for s in SEMIRING_NAMES if s != "real"])
+@pytest.mark.parametrize("kind,mask", [("flash", "none"), ("flash", "causal"), ("efficient", "float"),
+                                       ("efficient", "causal"), ("cudnn", "float"), ("cudnn", "none")])
+def test_cuda_attention_nodes_run_the_cpu_rule(kind, mask, semiring):
+    gen = torch.Generator().manual_seed(23)
+    B, H, T, S, E = 1, 2, 5, 6 if mask != "causal" else 5, 3
+    q, k, v = (torch.randn(B, H, n, E, generator=gen, dtype=D).requires_grad_() for n in (T, S, S))
+    bias = None
+    if mask == "float":
+        bias = torch.where(torch.rand(T, S, generator=gen) > 0.3, torch.randn(T, S, generator=gen, dtype=D), -math.inf)
+        bias[:, 0] = 0.0  # no fully masked row (CUDA kernels give NaN there, the CPU kernel 0)
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, mask == "causal",
+                                                                          attn_mask=bias)
+    weights = torch.randn(out.numel(), generator=gen, dtype=D)
+    standin = _C.attention_node_standin(kind, q, k, v, out.detach(), _cuda_layout(kind, lse.detach()), bias,
+                                        mask == "causal")
+    assert standin.grad_fn.name() == {"flash": "ScaledDotProductFlashAttentionBackward0",
+                                      "efficient": "ScaledDotProductEfficientAttentionBackward0",
+                                      "cudnn": "ScaledDotProductCudnnAttentionBackward0"}[kind]
+    params = {"k": 3} if semiring == "kmax" else {}
+    expected = ts.grad([out.reshape(-1) * weights], [q, k, v], semiring=semiring, retain_graph=True, **params)
+    actual = ts.grad([standin.reshape(-1) * weights], [q, k, v], semiring=semiring, **params)
+    for name, a, e in zip("qkv", actual, expected):
+        assert_values_equal(a, e, semiring, f"{kind}/{semiring}/{name}")
+    if semiring == "viterbi":  # and against the explicit-graph reference through the CPU node
+        for name, a, e in zip("qkv", actual, reference_values([out.reshape(-1) * weights], [q, k, v], semiring)):
+            assert_values_equal(a, e, semiring, f"{kind}/reference/{name}")
+
+
+def test_cuda_attention_node_errors():
+    q, k, v = (torch.randn(1, 1, 3, 2, dtype=D).requires_grad_() for _ in range(3))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False)
+    dropped = _C.attention_node_standin("efficient", q, k, v, out.detach(), lse.detach(), dropout_p=0.1)
+    with pytest.raises(RuntimeError, match="dropout_p=0.1.*model.eval"):
+        ts.grad(dropped.sum(), [q], semiring="viterbi")
+    with pytest.raises(RuntimeError, match="kind must be 'flash', 'efficient' or 'cudnn'"):
+        _C.attention_node_standin("math", q, k, v, out.detach(), lse.detach())

@@ -12,6 +12,7 @@
 #include "../hooks/engine_hooks.h"
 #include "../kernels/cpu_gemm.h"
 #include "../kernels/lift_cache.h"
+#include "../rules/attention.h"
 #include "../rules/rule.h"
 #include "../semiring/semiring.h"
 
@@ -280,6 +281,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     else TORCH_CHECK_VALUE(false, "torch_semiring: no matmul kernel for semiring '", name, "'");
     return out.defined() ? py::cast(out) : py::none();
   }, py::arg("name"), py::arg("g"), py::arg("w"), py::arg("saved_operand") = false);
+  m.def("attention_node_standin", &attention_node_standin, py::arg("kind"), py::arg("q"), py::arg("k"), py::arg("v"),
+        py::arg("out"), py::arg("lse"), py::arg("bias") = std::nullopt, py::arg("causal") = false,
+        py::arg("scale") = std::nullopt, py::arg("dropout_p") = 0.0,
+        "Test support: a CUDA fused-attention node standing in on CPU tensors (rules/attention.h)");
   m.def("restore_builtin_rules", &register_builtin_rules);
   m.def("registered_rules", &registered_rules);
   m.def("has_rule", [](const std::string& name) { return find_rule(name) != nullptr; });

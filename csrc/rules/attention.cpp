@@ -54,9 +54,11 @@
 // last key), about half. Δ, W and J live one block of query rows at a time
 // (W ~2^16 elements).
 #include <ATen/OpMathType.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/generated/Functions.h>
 
 #include "kernels/attention_blocks.h"
+#include "rules/attention.h"
 #include "rule.h"
 
 #include <cstdlib>
@@ -143,20 +145,73 @@ void value_blocks_by_parts(const Semiring& sr, const ValueBlockOperands& x, bool
   if (need_q) Q = Q.reshape({C, B, Hkv, R, E});
 }
 
+// What the rule reads off a fused attention node: the saved fields of the CPU
+// flash node and of CUDA's flash, memory-efficient and cuDNN nodes differ only
+// in names and in the logsumexp's padding (efficient: (B, H, T rounded up to
+// 32); cuDNN: (B, H, T, 1)), so one adapter per node feeds one rule.
+struct SavedAttention {
+  Tensor q, k, v, out;  // (B, H or Hkv, ·, ·)
+  Tensor lse;           // natural-log logsumexp of the scaled, masked scores, (B, H, T) after trimming
+  Tensor mask;          // additive float or bool (true = keep), broadcastable to (B, H, T, S); may be undefined
+  bool causal = false;
+  std::optional<double> scale;
+  double dropout_p = 0.0;
+};
+
+std::vector<Tensor> sdpa_rule(const RuleContext& ctx, const std::vector<Tensor>& grads, SavedAttention saved);
+
 std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
   auto& n = static_cast<ScaledDotProductFlashAttentionForCpuBackward0&>(ctx.node);
-  TORCH_CHECK(n.dropout_p == 0.0, "torch_semiring: ", ctx.node.name(), " ran with dropout_p=", n.dropout_p,
+  return sdpa_rule(ctx, grads, {ctx.unpack(n.query_), ctx.unpack(n.key_), ctx.unpack(n.value_), ctx.unpack(n.output_),
+                                ctx.unpack(n.logsumexp_), ctx.unpack(n.attn_mask_), n.is_causal, n.scale,
+                                n.dropout_p});
+}
+
+// No cumulative sequence lengths (a nested batch has them): dense tensors.
+bool dense(const Tensor& cum_seq) { return !cum_seq.defined() || cum_seq.numel() == 0; }
+
+// CUDA's fused nodes (compiled here against the CPU wheel's Functions.h; on the
+// CPU they are exercised through stand-in nodes, attention_node_standin —
+// nothing here has run on a GPU yet).
+std::vector<Tensor> sdpa_cuda_flash_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  auto& n = static_cast<ScaledDotProductFlashAttentionBackward0&>(ctx.node);
+  TORCH_CHECK_NOT_IMPLEMENTED(dense(ctx.unpack(n.cum_seq_q_)) && dense(ctx.unpack(n.cum_seq_k_)),
+                              "torch_semiring: ", ctx.node.name(), " ran on nested (variable-length) sequences, "
+                              "which the attention rule does not support; pad the batch to dense tensors");
+  return sdpa_rule(ctx, grads, {ctx.unpack(n.query_), ctx.unpack(n.key_), ctx.unpack(n.value_), ctx.unpack(n.output_),
+                                ctx.unpack(n.logsumexp_), Tensor(), n.is_causal, n.scale, n.dropout_p});
+}
+std::vector<Tensor> sdpa_cuda_efficient_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  auto& n = static_cast<ScaledDotProductEfficientAttentionBackward0&>(ctx.node);
+  return sdpa_rule(ctx, grads, {ctx.unpack(n.query_), ctx.unpack(n.key_), ctx.unpack(n.value_), ctx.unpack(n.output_),
+                                ctx.unpack(n.log_sumexp_), ctx.unpack(n.attn_bias_), n.is_causal, n.scale,
+                                n.dropout_p});
+}
+std::vector<Tensor> sdpa_cuda_cudnn_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  auto& n = static_cast<ScaledDotProductCudnnAttentionBackward0&>(ctx.node);
+  TORCH_CHECK_NOT_IMPLEMENTED(dense(ctx.unpack(n.cum_seq_q_)) && dense(ctx.unpack(n.cum_seq_k_)),
+                              "torch_semiring: ", ctx.node.name(), " ran on nested (variable-length) sequences, "
+                              "which the attention rule does not support; pad the batch to dense tensors");
+  return sdpa_rule(ctx, grads, {ctx.unpack(n.query_), ctx.unpack(n.key_), ctx.unpack(n.value_), ctx.unpack(n.output_),
+                                ctx.unpack(n.logsumexp_), ctx.unpack(n.attn_bias_), n.is_causal, n.scale,
+                                n.dropout_p});
+}
+
+std::vector<Tensor> sdpa_rule(const RuleContext& ctx, const std::vector<Tensor>& grads, SavedAttention saved) {
+  TORCH_CHECK(saved.dropout_p == 0.0, "torch_semiring: ", ctx.node.name(), " ran with dropout_p=", saved.dropout_p,
               "; its dropout mask cannot be recomputed. Use model.eval() (dropout off) or "
               "attn_implementation='eager'.");
-  TORCH_CHECK(grads.size() < 2 || !grads[1].defined(), "torch_semiring: values arriving at the logsumexp output of ",
-              ctx.node.name(), " are not supported");
+  for (size_t j = 1; j < grads.size(); ++j)
+    TORCH_CHECK(!grads[j].defined(), "torch_semiring: values arriving at output ", j, " (logsumexp or RNG state) of ",
+                ctx.node.name(), " are not supported");
+  for (size_t e = 3; e < ctx.needed.size(); ++e)
+    TORCH_CHECK_NOT_IMPLEMENTED(!ctx.needs(e), "torch_semiring: ", ctx.node.name(), ": values w.r.t. the attention "
+                                "bias (input ", e, ") are not supported; make the mask a constant (requires_grad=False)");
   std::vector<Tensor> result(std::max<size_t>(ctx.needed.size(), 3));
   const auto& sr = ctx.semiring;
   const Tensor& g_in = grads[0];
   if (!g_in.defined()) return result;  // nothing arrives: every input gets the zero
-  auto q = ctx.unpack(n.query_), k = ctx.unpack(n.key_), v = ctx.unpack(n.value_);
-  auto out = ctx.unpack(n.output_), lse = ctx.unpack(n.logsumexp_);
-  auto mask = ctx.unpack(n.attn_mask_);
+  const auto &q = saved.q, &k = saved.k, &v = saved.v, &out = saved.out, &mask = saved.mask;
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "torch_semiring: ", ctx.node.name(),
               " expects (batch, heads, tokens, head dim) tensors, got query ", q.sizes(), ", key ", k.sizes(),
               ", value ", v.sizes());
@@ -165,7 +220,9 @@ std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tens
   TORCH_CHECK(Hkv > 0 && H % Hkv == 0, "torch_semiring: ", ctx.node.name(), ": ", H,
               " query heads cannot be grouped over ", Hkv, " key/value heads");
   const int64_t group = H / Hkv, R = group * T, C = g_in.size(0);
-  const double scale = n.scale.value_or(1.0 / std::sqrt(double(E)));
+  const double scale = saved.scale.value_or(1.0 / std::sqrt(double(E)));
+  // (B, H, T): CUDA's memory-efficient kernel pads T to a multiple of 32, cuDNN adds a trailing 1.
+  auto lse = saved.lse.reshape({B, H, -1}).narrow(2, 0, T);
 
   // Weights in the values' dtype (the semiring arithmetic runs in it), computed
   // in at least float32 (the stock kernel's accumulation type for bf16/fp16).
@@ -184,7 +241,7 @@ std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tens
     auto m = mask.expand({B, H, T, S}).reshape({B, Hkv, R, S});
     scores = m.scalar_type() == at::kBool ? scores.masked_fill_(m.logical_not(), ninf) : scores.add_(m.to(wtype));
   }
-  if (n.is_causal) {
+  if (saved.causal) {
     auto future = at::ones({T, S}, q.options().dtype(at::kBool)).triu(1).repeat({group, 1});
     scores.masked_fill_(future, ninf);
   }
@@ -194,7 +251,7 @@ std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tens
     result[2] = sr.matmul(g.transpose(-1, -2), P).transpose(-1, -2);
   if (!ctx.needs(0) && !ctx.needs(1)) return result;
 
-  ValueBlockOperands x{g, v.to(vtype), rows(out.to(vtype)), P, (k * scale).to(vtype), T, n.is_causal};
+  ValueBlockOperands x{g, v.to(vtype), rows(out.to(vtype)), P, (k * scale).to(vtype), T, saved.causal};
   Tensor X, Q;
   if (!kernels::attention_value_blocks(sr, x.g, x.v, x.out, x.P, x.k, T, x.causal, ctx.needs(1), ctx.needs(0),
                                        block_elements(), X, Q))
@@ -208,17 +265,59 @@ std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tens
 // Fused attention backward nodes of CUDA builds: named, with the way out.
 std::vector<Tensor> cuda_attention_unsupported(const RuleContext& ctx, const std::vector<Tensor>&) {
   TORCH_CHECK_NOT_IMPLEMENTED(false, "torch_semiring: ", ctx.node.name(), " (a CUDA fused attention kernel) "
-                              "has no semiring rule yet. Load the model with attn_implementation='eager', or "
-                              "run it on CPU where scaled_dot_product_attention has a rule.");
+                              "has no semiring rule (it serves nested, variable-length batches). Pad the batch to dense "
+                              "tensors, or load the model with attn_implementation='eager'.");
 }
 
 }  // namespace
 
+Tensor attention_node_standin(const std::string& kind, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, const std::optional<Tensor>& bias, bool causal,
+                              std::optional<double> scale, double dropout_p) {
+  using torch::autograd::SavedVariable;
+  auto fill = [&](auto node) {
+    node->query_ = SavedVariable(q, false);
+    node->key_ = SavedVariable(k, false);
+    node->value_ = SavedVariable(v, false);
+    node->output_ = SavedVariable(out, false);
+    node->is_causal = causal;
+    node->scale = scale;
+    node->dropout_p = dropout_p;
+    node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
+    return node;
+  };
+  c10::intrusive_ptr<torch::autograd::Node> node;
+  if (kind == "flash") {
+    TORCH_CHECK(!bias, "torch_semiring: CUDA's flash attention takes no mask");
+    auto n = fill(c10::make_intrusive<ScaledDotProductFlashAttentionBackward0>());
+    n->logsumexp_ = SavedVariable(lse, false);
+    node = n;
+  } else if (kind == "efficient") {
+    auto n = fill(c10::make_intrusive<ScaledDotProductEfficientAttentionBackward0>());
+    n->log_sumexp_ = SavedVariable(lse, false);
+    n->attn_bias_ = SavedVariable(bias.value_or(Tensor()), false);
+    node = n;
+  } else if (kind == "cudnn") {
+    auto n = fill(c10::make_intrusive<ScaledDotProductCudnnAttentionBackward0>());
+    n->logsumexp_ = SavedVariable(lse, false);
+    n->attn_bias_ = SavedVariable(bias.value_or(Tensor()), false);
+    node = n;
+  } else {
+    TORCH_CHECK(false, "torch_semiring: attention_node_standin: kind must be 'flash', 'efficient' or 'cudnn', got '",
+                kind, "'");
+  }
+  auto result = out.detach().clone();
+  torch::autograd::set_history(result, node);
+  return result;
+}
+
 void register_attention_rules() {
   register_rule("ScaledDotProductFlashAttentionForCpuBackward0", sdpa_cpu_rule, "attention");
-  for (const char* name : {"ScaledDotProductFlashAttentionBackward0", "ScaledDotProductEfficientAttentionBackward0",
-                           "ScaledDotProductCudnnAttentionBackward0", "FlashAttentionBackward0",
-                           "EfficientAttentionBackward0"})
+  register_rule("ScaledDotProductFlashAttentionBackward0", sdpa_cuda_flash_rule, "attention");
+  register_rule("ScaledDotProductEfficientAttentionBackward0", sdpa_cuda_efficient_rule, "attention");
+  register_rule("ScaledDotProductCudnnAttentionBackward0", sdpa_cuda_cudnn_rule, "attention");
+  // The lower-level ops (B, T, H, E layout, cu_seqlens), reached by nested tensors.
+  for (const char* name : {"FlashAttentionBackward0", "EfficientAttentionBackward0"})
     register_rule(name, cuda_attention_unsupported, "attention (unsupported)");
 }
 
