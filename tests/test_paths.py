@@ -230,7 +230,7 @@ def test_explain_cli_writes_table_json_and_pictures(tiny_model_folder, tmp_path,
 
     out = tmp_path / "explain"
     assert main(["explain", "--model", tiny_model_folder, "--text", "the cat sat on the mat",
-                 "--other", "a dog", "--k", "3", "--out", str(out)]) == 0
+                 "--other", "a dog", "--k", "3", "--out", str(out), "--device", "cpu"]) == 0
     printed = capsys.readouterr().out
     assert "top 3 viterbi paths" in printed and "layer 1" in printed
     for name in ["top_paths.csv", "top_paths.json", "component_flow.png", "entropy.png", "top_paths.svg",
@@ -249,3 +249,10 @@ def test_explain_cli_errors(tiny_model_folder, tmp_path):
         main(["explain", "--model", tiny_model_folder, "--text", "the cat " * 20, "--out", str(tmp_path)])
     with pytest.raises(SystemExit, match="has no paths"):
         main(["explain", "--model", tiny_model_folder, "--semiring", "entropy", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="'tpu0' is not a torch device"):
+        main(["explain", "--model", tiny_model_folder, "--device", "tpu0", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="meta holds no data"):
+        main(["explain", "--model", tiny_model_folder, "--device", "meta", "--out", str(tmp_path)])
+    if not torch.cuda.is_available():
+        with pytest.raises(SystemExit, match="no CUDA device.*--device cpu"):
+            main(["explain", "--model", tiny_model_folder, "--device", "cuda", "--out", str(tmp_path)])

@@ -84,13 +84,14 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--semiring", default="viterbi")
     ex.add_argument("--k", type=int, default=5)
     ex.add_argument("--out", default="explain_out")
+    ex.add_argument("--device", default="cpu", help="where the model runs: cpu or cuda (cuda: not yet run on a GPU)")
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo()
     elif args.command == "explain":
         from .explain import explain, print_explanation
 
-        result = explain(args.model, args.text, args.other, args.semiring, args.k, args.out)
+        result = explain(args.model, args.text, args.other, args.semiring, args.k, args.out, device=args.device)
         print_explanation(result, args.semiring)
     return 0
 

@@ -67,7 +67,16 @@ class Explanation:
 
 
 def explain(model_name="minilm", text="the cat sat on the mat", other="a kitten rests on a rug",
-            semiring="viterbi", k=5, out="explain_out", progress=True) -> Explanation:
+            semiring="viterbi", k=5, out="explain_out", progress=True, device="cpu") -> Explanation:
+    try:
+        device = torch.device(device)
+    except RuntimeError as error:
+        raise SystemExit(f"torch_semiring: --device {device!r} is not a torch device ({error})")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("torch_semiring: --device cuda, but this torch has no CUDA device (torch "
+                         f"{torch.__version__}); install a CUDA build of torch or use --device cpu")
+    if device.type == "meta":
+        raise SystemExit("torch_semiring: --device meta holds no data to explain; use cpu or cuda")
     if semiring not in paths_mod.PATH_SEMIRINGS:
         raise SystemExit(f"torch_semiring: semiring '{semiring}' has no paths; use one of "
                          f"{', '.join(paths_mod.PATH_SEMIRINGS)}")
@@ -78,20 +87,20 @@ def explain(model_name="minilm", text="the cat sat on the mat", other="a kitten 
     start = time.perf_counter()
     path = model_path(model_name)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, attn_implementation="eager").double().eval()  # float64: exact ids
+    model = AutoModel.from_pretrained(path, attn_implementation="eager").double().eval().to(device)  # float64: exact ids
     limit = model.config.max_position_embeddings
     for which, sentence in (("--text", text), ("--other", other)):
         n = len(tokenizer(sentence)["input_ids"])
         if n > limit:
             raise SystemExit(f"torch_semiring: {which} has {n} tokens, more than the model's maximum of {limit}; "
                              "shorten it")
-    batch = tokenizer(text, return_tensors="pt")
+    batch = tokenizer(text, return_tensors="pt").to(device)
     tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0])
     n_tokens = len(tokens)
     embeds = model.get_input_embeddings()(batch["input_ids"]).detach().requires_grad_()
     # The other sentence's embedding is a constant of the explained function.
     with torch.no_grad():
-        other_batch = tokenizer(other, return_tensors="pt")
+        other_batch = tokenizer(other, return_tensors="pt").to(device)
         target = _mean_pool(model(**other_batch).last_hidden_state, other_batch["attention_mask"])[0]
     steps = ["forward", "top paths", "component flow", "entropy"]
     bar = tqdm(total=len(steps), desc="explain", disable=not progress)
