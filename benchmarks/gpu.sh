@@ -13,8 +13,9 @@
 #      GPU against the references (they are skipped on machines without one);
 #   4. times the CUDA kernels through their C API (api.h) against torch.mm
 #      (cuBLAS SGEMM) on the same GPU, CUDA events, median of 20;
-#   5. benchmarks/kernels.py and benchmarks/run.py as on CPU: the semirings do
-#      not dispatch to the CUDA kernels yet, so these still time the CPU path.
+#   5. benchmarks/kernels.py (CPU kernels), then benchmarks/run.py for the
+#      Llama-style decoder in bf16 on the GPU (--device cuda --dtype bfloat16):
+#      every semiring, ratio to the stock backward, peak from torch's allocator.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -83,4 +84,6 @@ for n in (1024, 2048, 4096):
 PYEOF
 
 PYTHONPATH=python "$PY" benchmarks/kernels.py
-PYTHONPATH=python "$PY" benchmarks/run.py
+# The model table: a Llama-style decoder in bf16 on the GPU, every semiring, ratios to stock.
+PYTHONPATH=python "$PY" benchmarks/run.py --models decoder --device cuda --dtype bfloat16 \
+  --json benchmarks/results/models_cuda_bf16.json

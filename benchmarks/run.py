@@ -24,6 +24,7 @@ viterbi as a `__torch_dispatch__` tensor subclass on the stock engine,
 checked against ts.grad(semiring="viterbi").
 
     PYTHONPATH=python python benchmarks/run.py [--models minilm-64,decoder,...] [--json PATH]
+        [--device cuda --dtype bfloat16]   (the transformers there; GPU peak = torch's allocator)
     BENCH_ROUNDS (default 5; 3 for the big models), BENCH_SEMIRINGS=viterbi,entropy (a subset)
 """
 from __future__ import annotations
@@ -70,7 +71,19 @@ def _status(key):
 
 
 def timed(fn):
-    """(ms, peak MiB above the RSS at the start) of one call."""
+    """(ms, peak MiB above the memory in use at the start) of one call: host RSS on the CPU, torch's
+    allocator on a CUDA device (synchronised before and after)."""
+    if models.DEVICE.type == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        used0 = torch.cuda.memory_allocated()
+        t0 = time.perf_counter()
+        r = fn()
+        torch.cuda.synchronize()
+        ms = (time.perf_counter() - t0) * 1e3
+        peak = (torch.cuda.max_memory_allocated() - used0) / 2**20
+        del r
+        return ms, peak
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
     rss0 = _status("VmRSS")
@@ -124,7 +137,7 @@ def child(model):
         ms, ratio, peak, sp, t = alternate(stock, lambda: ts.grad(out, inputs, semiring=name, retain_graph=True,
                                                                    **params), rounds)
         row(label, ms, ratio, peak, sp, t)
-    if model in PATHS and out.numel() == 1:
+    if model in PATHS and out.numel() == 1 and models.DTYPE in (torch.float32, torch.float64):  # ids need ≥ 24 bits
         def viterbi():
             return ts.grad(out, inputs, semiring="viterbi", retain_graph=True)
         for k in (1, 5):
@@ -164,6 +177,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--json", default=os.path.join(HERE, "results", "models.json"))
+    ap.add_argument("--device", default="cpu", help="where the transformer models run (cpu, cuda)")
+    ap.add_argument("--dtype", default="float32", help="their weights' dtype (float32, bfloat16, …)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -171,7 +186,8 @@ def main() -> int:
         return 0
     t0 = time.perf_counter()
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="1048576", MALLOC_TRIM_THRESHOLD_="1048576",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1")
+               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
+               BENCH_DEVICE=args.device, BENCH_DTYPE=args.dtype)
     rows = []
     for model in args.models.split(","):
         print(f"[{time.perf_counter() - t0:.0f} s] {model} ...", file=sys.stderr, flush=True)
@@ -185,7 +201,7 @@ def main() -> int:
     total = time.perf_counter() - t0
     stamp = time.strftime("%Y-%m-%d %H:%M")
     print(f"\n{stamp}, torch {torch.__version__}, {platform.processor() or platform.machine()}, "
-          f"{os.cpu_count()} cores, 1 thread used; rounds of (stock, semiring): {ROUNDS} (big models "
+          f"{os.cpu_count()} cores, 1 thread used; transformers on {args.device} in {args.dtype}; rounds of (stock, semiring): {ROUNDS} (big models "
           f"{min(ROUNDS, 3)}); {total:.0f} s in all\n")
     print(f"{'model':<58} {'semiring':<26} {'backward ms':>12} {'ratio':>7} {'target':<22} "
           f"{'peak MiB':>9} {'x stock':>8}")
