@@ -60,23 +60,35 @@ cmake-build: $(DEPS)
 # Nothing here runs a kernel: tests/test_cuda_emulation.py runs their block
 # code on the CPU.
 NVCC       ?= $(shell command -v nvcc 2>/dev/null || echo /usr/local/cuda/bin/nvcc)
-CUDA_ARCHS := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90
-CUDA_FLAGS := -std=c++17 -O3 --expt-relaxed-constexpr -Icsrc -Werror all-warnings -Xcompiler -Wall,-Werror
+# sm_80 and sm_90 code, and compute_90 PTX that newer GPUs compile at load time.
+CUDA_ARCHS := -gencode arch=compute_80,code=sm_80 -gencode arch=compute_90,code=sm_90 \
+              -gencode arch=compute_90,code=compute_90
+# cuBLAS's headers from the registry's nvidia-cublas wheel (tools/fetch_cublas_headers.py),
+# so the exp-shift cuBLAS driver is compiled too; the system's are used when nvcc has them.
+CUBLAS_DIR := build/cublas
+CUDA_FLAGS := -std=c++17 -O3 --expt-relaxed-constexpr -Icsrc -isystem $(CUBLAS_DIR)/include \
+              -Werror all-warnings -Xcompiler -Wall,-Werror
 CUDA_SRCS  := $(wildcard csrc/kernels/cuda/*.cu)
 
 cuda-check:
 	@test -x "$(NVCC)" || { echo "cuda-check: nvcc not found (set NVCC=...)"; exit 1; }
 	@mkdir -p build/cuda-check
+	@$(VPY) tools/fetch_cublas_headers.py $(CUBLAS_DIR) || echo "cuda-check: could not fetch the cuBLAS headers"
 	@set -e; for f in $(CUDA_SRCS); do \
 	  echo "nvcc -c $$f (sm_80, sm_90)"; \
 	  $(NVCC) $(CUDA_FLAGS) $(CUDA_ARCHS) -c $$f -o build/cuda-check/$$(basename $$f .cu).o; \
 	done
-	@if echo '#include <cublas_v2.h>' | $(NVCC) -std=c++17 -x cu -E - -o /dev/null 2>/dev/null; then \
+	@if echo '#include <cublas_v2.h>' | $(NVCC) -std=c++17 -isystem $(CUBLAS_DIR)/include -x cu -E - -o /dev/null 2>/dev/null; then \
 	  echo "cuda-check: cublas_v2.h found: ts_exp_shift_matmul (cuBLAS) compiled"; \
 	else \
 	  echo "cuda-check: cublas_v2.h NOT found: ts_exp_shift_matmul (the cuBLAS GEMM driver) was not compiled, only its stage kernels"; \
 	fi
-	@echo "cuda-check: $(words $(CUDA_SRCS)) CUDA files compiled for sm_80 and sm_90"
+	@echo "cuda-check: $(words $(CUDA_SRCS)) CUDA files compiled for sm_80 and sm_90 (+ compute_90 PTX)"
+	@# The extension's device glue as a CUDA build compiles it (calls into the .cu C API).
+	@$(VPY) -c "import sysconfig; from torch.utils.cpp_extension import include_paths; \
+	  print(' '.join(['-I' + p for p in include_paths()] + ['-I' + sysconfig.get_paths()['include']]))" > build/cuda-check/torch_includes
+	@$(CXX) -std=c++17 -fsyntax-only -w -DTS_WITH_CUDA_KERNELS -Icsrc $$(cat build/cuda-check/torch_includes) \
+	  csrc/kernels/device_gemm.cpp && echo "cuda-check: kernels/device_gemm.cpp compiles with TS_WITH_CUDA_KERNELS"
 
 clean:
 	rm -rf build python/torch_semiring/_C*.so

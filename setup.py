@@ -30,8 +30,8 @@ sources.append(os.path.relpath(os.path.join(GENERATED, "generated_rules.cpp"), R
 # The CUDA kernels (csrc/kernels/cuda) join the extension only when the
 # installed torch is a CUDA build and nvcc is found, whether or not a GPU is
 # present; with a CPU torch the extension is built exactly as without them.
-# They are compiled and linked (C API in csrc/kernels/cuda/api.h) but not yet
-# called by any semiring. cuBLAS is linked when its header is found (the
+# They are compiled and linked (C API in csrc/kernels/cuda/api.h) and called
+# for CUDA tensors by csrc/kernels/device_gemm.cpp (never run on a GPU yet). cuBLAS is linked when its header is found (the
 # exp-shift driver needs it).
 CUDA_DIR = os.path.join(ROOT, "csrc", "kernels", "cuda")
 NVCC = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
@@ -39,6 +39,7 @@ WITH_CUDA = bool(torch.version.cuda) and NVCC is not None and os.path.exists(NVC
 include_dirs = [GENERATED, os.path.join(ROOT, "csrc")]
 cxx_flags = ["-O2", "-std=c++17", "-Wno-unused-parameter"]
 if WITH_CUDA:
+    cxx_flags.append("-DTS_WITH_CUDA_KERNELS")  # kernels/device_gemm.cpp calls them for CUDA tensors
     cu = sorted(os.path.relpath(os.path.join(CUDA_DIR, f), ROOT) for f in os.listdir(CUDA_DIR) if f.endswith(".cu"))
     have_cublas = os.path.exists(os.path.join(CUDA_HOME, "include", "cublas_v2.h"))
     extension = CUDAExtension(

@@ -41,6 +41,7 @@
 // AVX-512, AVX2 or the baseline ISA without any special build flag; the choice
 // is made at run time with __builtin_cpu_supports.
 #include "kernels/cpu_gemm.h"
+#include "kernels/device_gemm.h"
 
 // Vector types in template arguments trigger GCC's "ABI changed" notes; these
 // functions are all internal, so the ABI of vector arguments never matters.
@@ -1036,6 +1037,7 @@ bool kernel_applies(const Tensor& g, const Tensor& w, BatchedOperands& ops) {
 }
 
 Tensor max_matmul(bool times, const Tensor& g, const Tensor& w) {
+  if (device::routes(g, w)) return device::max_matmul(times, g, w);
   BatchedOperands ops;
   if (!kernel_applies(g, w, ops) || g.size(0) != 1) return {};
   auto out = at::empty(ops.out_shape, g.options());
@@ -1052,6 +1054,13 @@ std::tuple<Tensor, Tensor> max_matmul_argmax(const std::string& semiring, const 
   TORCH_CHECK(semiring == "viterbi" || semiring == "max_abs",
               "torch_semiring: max_matmul_argmax supports 'viterbi' and 'max_abs', got '", semiring, "'");
   const bool times = semiring == "max_abs";
+  if (device::routes(g, w)) {
+    Tensor idx;
+    auto out = device::max_matmul(times, g, w, &idx);
+    TORCH_CHECK(out.defined(), "torch_semiring: max_matmul_argmax: values ", g.sizes(), " and weights ", w.sizes(),
+                " outside what the device kernel takes (NaN, +inf, non-finite weights, empty dims)");
+    return {out, idx};
+  }
   BatchedOperands ops;
   TORCH_CHECK(kernel_dtype(g, w), "torch_semiring: max_matmul_argmax needs CPU float32/float64 tensors of one "
               "dtype that do not require grad, got ", g.scalar_type(), " and ", w.scalar_type());
@@ -1075,6 +1084,7 @@ std::tuple<Tensor, Tensor> max_matmul_argmax(const std::string& semiring, const 
 }
 
 Tensor max_prod_matmul(const Tensor& g, const Tensor& w) {
+  if (device::routes(g, w)) return device::max_prod_matmul(g, w);
   BatchedOperands ops;
   if (!kernel_applies(g, w, ops) || g.size(0) != 2) return {};
   // NaN marks "no term" (tile_arithmetic.h): an empty value (M = −∞) and a

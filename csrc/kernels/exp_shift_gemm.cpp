@@ -49,6 +49,7 @@
 // ~1.2×, entropy ~3.0–3.4× an SGEMM of the same shape. Uncached (w an
 // activation), add ~6 passes over K·N for the factors.
 #include "kernels/cpu_gemm.h"
+#include "kernels/device_gemm.h"
 #include "kernels/lift_cache.h"
 
 #include <atomic>
@@ -366,8 +367,12 @@ Tensor exp_shift_matmul(const Tensor& g, const Tensor& w, int64_t components) {
 
 std::pair<int64_t, int64_t> exp_shift_stats() { return {small_block_runs.load(), exact_entries.load()}; }
 
-Tensor log_matmul(const Tensor& g, const Tensor& w) { return exp_shift_matmul(g, w, 1); }
-Tensor entropy_matmul(const Tensor& g, const Tensor& w) { return exp_shift_matmul(g, w, 2); }
+Tensor log_matmul(const Tensor& g, const Tensor& w) {
+  return device::routes(g, w) ? device::exp_shift_matmul(false, g, w) : exp_shift_matmul(g, w, 1);
+}
+Tensor entropy_matmul(const Tensor& g, const Tensor& w) {
+  return device::routes(g, w) ? device::exp_shift_matmul(true, g, w) : exp_shift_matmul(g, w, 2);
+}
 
 }  // namespace kernels
 }  // namespace torch_semiring

@@ -11,6 +11,7 @@
 #include "../engine/engine.h"
 #include "../hooks/engine_hooks.h"
 #include "../kernels/cpu_gemm.h"
+#include "../kernels/device_gemm.h"
 #include "../kernels/lift_cache.h"
 #include "../rules/attention.h"
 #include "../rules/rule.h"
@@ -251,6 +252,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   }, py::arg("name"), py::arg("g"), py::arg("w"));
   m.def("kernel_isa", &kernels::kernel_isa);
   m.def("kernel_calls", &kernels::kernel_calls);
+  m.def("device_kernel_calls", &kernels::device::calls,
+        "products computed through the device kernels' C API (CUDA, or the emulation: "
+        "TORCH_SEMIRING_KERNEL_BACKEND=emulate)");
   m.def("exp_shift_stats", &kernels::exp_shift_stats);
   // The kernels' weight-preparation cache (policy in kernels/lift_cache.h).
   m.def("lift_cache_info", [] {

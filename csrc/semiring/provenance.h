@@ -14,6 +14,7 @@
 #include "semiring.h"
 
 #include "kernels/cpu_gemm.h"
+#include "kernels/device_gemm.h"
 #include "kernels/elementwise.h"
 #include "kernels/norm_rows.h"
 
@@ -99,7 +100,8 @@ class ProvenanceSemiring final : public Semiring {
   Tensor matmul_with_ids(const Tensor& g, const Tensor& w) const {
     auto s = scores(g), id = ids(g);
     kernels::BatchedOperands ops, id_ops;
-    if (!kernels::kernel_dtype(s, w) || !kernels::broadcast_operands(s, w, ops) ||
+    const bool on_device = single_entry() && kernels::device::routes(s, w);  // argmax GEMMs there: max-plus/-times
+    if (!(kernels::kernel_dtype(s, w) || on_device) || !kernels::broadcast_operands(s, w, ops) ||
         !kernels::broadcast_operands(id, w, id_ops) || ops.g.size(-1) == 0)
       return {};
     for (auto d : ops.out_shape)

@@ -1,0 +1,40 @@
+// Semiring matrix products on a device, through the CUDA kernels' C API
+// (kernels/cuda/api.h): the semirings' kernel entry points (cpu_gemm.h,
+// exp_shift_gemm.cpp) hand a product here when `routes` says so, and take the
+// generic ATen path where these decline (an undefined result).
+//
+// Two backends behind the same glue:
+//   - CUDA tensors in a build with the CUDA kernels (TS_WITH_CUDA_KERNELS):
+//     the .cu kernels on torch's current stream (c10::Stream::native_handle,
+//     so this file needs no CUDA header), workspace from torch's allocator,
+//     cuBLAS for the exp-shift GEMMs (a handle the kernels create per call);
+//   - CPU tensors when TORCH_SEMIRING_KERNEL_BACKEND=emulate: the same kernel
+//     bodies run on the host by the block emulator (cuda/host_launcher.h).
+//     Slow; it exists so that this glue runs in CI without a GPU.
+// Products: max-plus (viterbi) and max-times (max_abs), with argmax for path
+// extraction; the max_prod pair; log and entropy by exp-shift. fp32 or bf16
+// values (float64 declines: the kernels accumulate in fp32), fp32 or bf16
+// weights. The range checks the CPU kernels make while packing are separate
+// reductions here (one host read per product).
+#pragma once
+
+#include <ATen/ATen.h>
+
+namespace torch_semiring {
+namespace kernels {
+namespace device {
+
+// Does this product go to a device backend (CUDA kernels, or the emulation)?
+bool routes(const at::Tensor& g, const at::Tensor& w);
+// (C, *batch, M, N) values as cpu_gemm.h's entry points; argmax (optional):
+// int32 (*batch, M, N), −1 = no path. times: max-times (max_abs), else max-plus.
+at::Tensor max_matmul(bool times, const at::Tensor& g, const at::Tensor& w, at::Tensor* argmax = nullptr);
+at::Tensor max_prod_matmul(const at::Tensor& g, const at::Tensor& w);
+// log (entropy = false: g = (ℓ)) or entropy (g = (ℓ, h)) by exp-shift.
+at::Tensor exp_shift_matmul(bool entropy, const at::Tensor& g, const at::Tensor& w);
+// Products computed by a device backend in this process (tests check the glue ran).
+int64_t calls();
+
+}  // namespace device
+}  // namespace kernels
+}  // namespace torch_semiring
