@@ -160,41 +160,44 @@ struct SavedAttention {
 
 std::vector<Tensor> sdpa_rule(const RuleContext& ctx, const std::vector<Tensor>& grads, SavedAttention saved);
 
-std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
-  auto& n = static_cast<ScaledDotProductFlashAttentionForCpuBackward0&>(ctx.node);
-  return sdpa_rule(ctx, grads, {ctx.unpack(n.query_), ctx.unpack(n.key_), ctx.unpack(n.value_), ctx.unpack(n.output_),
-                                ctx.unpack(n.logsumexp_), ctx.unpack(n.attn_mask_), n.is_causal, n.scale,
-                                n.dropout_p});
+// The fields every fused attention node saves under the same names; lse and
+// mask (names that differ per node) given.
+template <class N>
+SavedAttention saved_of(const RuleContext& ctx, N& n, const Tensor& lse, const Tensor& mask) {
+  return {ctx.unpack(n.query_), ctx.unpack(n.key_), ctx.unpack(n.value_), ctx.unpack(n.output_),
+          lse, mask, n.is_causal, n.scale, n.dropout_p};
 }
 
-// No cumulative sequence lengths (a nested batch has them): dense tensors.
-bool dense(const Tensor& cum_seq) { return !cum_seq.defined() || cum_seq.numel() == 0; }
+// A node with cumulative sequence lengths ran on a nested (variable-length) batch.
+template <class N>
+void check_dense(const RuleContext& ctx, N& n) {
+  auto dense = [&](const Tensor& cum_seq) { return !cum_seq.defined() || cum_seq.numel() == 0; };
+  TORCH_CHECK_NOT_IMPLEMENTED(dense(ctx.unpack(n.cum_seq_q_)) && dense(ctx.unpack(n.cum_seq_k_)),
+                              "torch_semiring: ", ctx.node.name(), " ran on nested (variable-length) sequences, "
+                              "which the attention rule does not support; pad the batch to dense tensors");
+}
+
+std::vector<Tensor> sdpa_cpu_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  auto& n = static_cast<ScaledDotProductFlashAttentionForCpuBackward0&>(ctx.node);
+  return sdpa_rule(ctx, grads, saved_of(ctx, n, ctx.unpack(n.logsumexp_), ctx.unpack(n.attn_mask_)));
+}
 
 // CUDA's fused nodes (compiled here against the CPU wheel's Functions.h; on the
 // CPU they are exercised through stand-in nodes, attention_node_standin —
 // nothing here has run on a GPU yet).
 std::vector<Tensor> sdpa_cuda_flash_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
   auto& n = static_cast<ScaledDotProductFlashAttentionBackward0&>(ctx.node);
-  TORCH_CHECK_NOT_IMPLEMENTED(dense(ctx.unpack(n.cum_seq_q_)) && dense(ctx.unpack(n.cum_seq_k_)),
-                              "torch_semiring: ", ctx.node.name(), " ran on nested (variable-length) sequences, "
-                              "which the attention rule does not support; pad the batch to dense tensors");
-  return sdpa_rule(ctx, grads, {ctx.unpack(n.query_), ctx.unpack(n.key_), ctx.unpack(n.value_), ctx.unpack(n.output_),
-                                ctx.unpack(n.logsumexp_), Tensor(), n.is_causal, n.scale, n.dropout_p});
+  check_dense(ctx, n);
+  return sdpa_rule(ctx, grads, saved_of(ctx, n, ctx.unpack(n.logsumexp_), Tensor()));
 }
 std::vector<Tensor> sdpa_cuda_efficient_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
   auto& n = static_cast<ScaledDotProductEfficientAttentionBackward0&>(ctx.node);
-  return sdpa_rule(ctx, grads, {ctx.unpack(n.query_), ctx.unpack(n.key_), ctx.unpack(n.value_), ctx.unpack(n.output_),
-                                ctx.unpack(n.log_sumexp_), ctx.unpack(n.attn_bias_), n.is_causal, n.scale,
-                                n.dropout_p});
+  return sdpa_rule(ctx, grads, saved_of(ctx, n, ctx.unpack(n.log_sumexp_), ctx.unpack(n.attn_bias_)));
 }
 std::vector<Tensor> sdpa_cuda_cudnn_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
   auto& n = static_cast<ScaledDotProductCudnnAttentionBackward0&>(ctx.node);
-  TORCH_CHECK_NOT_IMPLEMENTED(dense(ctx.unpack(n.cum_seq_q_)) && dense(ctx.unpack(n.cum_seq_k_)),
-                              "torch_semiring: ", ctx.node.name(), " ran on nested (variable-length) sequences, "
-                              "which the attention rule does not support; pad the batch to dense tensors");
-  return sdpa_rule(ctx, grads, {ctx.unpack(n.query_), ctx.unpack(n.key_), ctx.unpack(n.value_), ctx.unpack(n.output_),
-                                ctx.unpack(n.logsumexp_), ctx.unpack(n.attn_bias_), n.is_causal, n.scale,
-                                n.dropout_p});
+  check_dense(ctx, n);
+  return sdpa_rule(ctx, grads, saved_of(ctx, n, ctx.unpack(n.logsumexp_), ctx.unpack(n.attn_bias_)));
 }
 
 std::vector<Tensor> sdpa_rule(const RuleContext& ctx, const std::vector<Tensor>& grads, SavedAttention saved) {
