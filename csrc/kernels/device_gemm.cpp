@@ -26,6 +26,22 @@ std::atomic<int64_t> device_calls{0};
 
 #ifdef TS_WITH_CUDA_KERNELS
 constexpr bool kHaveCudaKernels = true;
+}  // namespace
+}  // namespace device
+}  // namespace kernels
+}  // namespace torch_semiring
+// torch's cuBLAS handle for the current device and stream (libtorch_cuda,
+// ATen/cuda/CUDAContext.h), declared here with an opaque return type so that
+// this file needs no CUDA header (C++ names do not encode the return type).
+namespace at {
+namespace cuda {
+void* getCurrentCUDABlasHandle();
+}  // namespace cuda
+}  // namespace at
+namespace torch_semiring {
+namespace kernels {
+namespace device {
+namespace {
 #else
 constexpr bool kHaveCudaKernels = false;
 #endif
@@ -72,7 +88,7 @@ struct Backend {
 #ifdef TS_WITH_CUDA_KERNELS
     if (cuda)
       return ts_exp_shift_matmul(entropy, batch, M, N, K, a, a_b, a_m, a_k, ha, a_b, a_m, a_k, w_dtype, w, w_b, w_k,
-                                 w_n, l, h, ws, ws_bytes, n_exact, /*cublas_handle=*/nullptr, stream);
+                                 w_n, l, h, ws, ws_bytes, n_exact, at::cuda::getCurrentCUDABlasHandle(), stream);
 #endif
     cuda_kernels::HostLauncher L(nullptr, nullptr);
     return impl::exp_shift_matmul(L, entropy, batch, M, N, K, a, a_b, a_m, a_k, ha, a_b, a_m, a_k, w_dtype, w, w_b,

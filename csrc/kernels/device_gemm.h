@@ -7,7 +7,7 @@
 //   - CUDA tensors in a build with the CUDA kernels (TS_WITH_CUDA_KERNELS):
 //     the .cu kernels on torch's current stream (c10::Stream::native_handle,
 //     so this file needs no CUDA header), workspace from torch's allocator,
-//     cuBLAS for the exp-shift GEMMs (a handle the kernels create per call);
+//     cuBLAS for the exp-shift GEMMs with torch's handle;
 //   - CPU tensors when TORCH_SEMIRING_KERNEL_BACKEND=emulate: the same kernel
 //     bodies run on the host by the block emulator (cuda/host_launcher.h).
 //     Slow; it exists so that this glue runs in CI without a GPU.
