@@ -16,7 +16,7 @@ import torch_semiring as ts
 from torch_semiring import _C
 
 F32 = torch.float32
-DEVICE_SEMIRINGS = ["viterbi", "max_abs", "max_prod", "log", "entropy"]
+DEVICE_SEMIRINGS = ["viterbi", "max_abs", "max_prod", "log", "entropy", "kmax"]
 
 
 @pytest.fixture
@@ -62,27 +62,31 @@ def _close(a, b, what):
 @pytest.mark.parametrize("graph", sorted(graphs()))
 def test_values_through_the_emulated_device_equal_the_cpu_kernels(graph, semiring, monkeypatch):
     out, inputs = graphs()[graph]()
-    expected = ts.grad(out, inputs, semiring=semiring, retain_graph=True)
+    expected = ts.grad(out, inputs, semiring=semiring, retain_graph=True, **({"k": 3} if semiring == "kmax" else {}))
     monkeypatch.setenv("TORCH_SEMIRING_KERNEL_BACKEND", "emulate")
     before = _C.device_kernel_calls()
-    actual = ts.grad(out, inputs, semiring=semiring)
+    actual = ts.grad(out, inputs, semiring=semiring, **({"k": 3} if semiring == "kmax" else {}))
     assert _C.device_kernel_calls() > before, "the products did not reach the device kernels"
     for a, e in zip(actual, expected):
         _close(a, e, f"{graph}/{semiring}")
 
 
-@pytest.mark.parametrize("name", DEVICE_SEMIRINGS)
-def test_products_with_empty_values_and_zero_weights(name, emulated, monkeypatch):
-    sr = _C.make_semiring(name, 1)
+@pytest.mark.parametrize("name,k", [(n, 1) for n in DEVICE_SEMIRINGS if n != "kmax"] + [("kmax", k) for k in
+                                                                                         (2, 3, 5, 8)])
+def test_products_with_empty_values_and_zero_weights(name, k, emulated, monkeypatch):
+    sr = _C.make_semiring(name, k)
     g = torch.Generator().manual_seed(11)
     C = sr.components
     value = torch.randn(C, 2, 7, 33, generator=g, dtype=F32)  # K = 33: past a 16-deep k slice and a warp
     if name == "max_abs":
         value = value.abs()
+    if name == "kmax":
+        value = value.sort(0, descending=True).values
+        value[-1, :, 2] = -math.inf  # lists shorter than k
     if name == "max_prod":
         value = torch.stack([value.max(0).values, value.min(0).values])
         value[0, :, 0, :5], value[1, :, 0, :5] = -math.inf, math.inf  # empty values
-    elif name != "max_abs":
+    elif name not in ("max_abs", "kmax"):
         value[0, :, 0, :5] = -math.inf  # no path
         value[0, :, 1] = -math.inf  # a row without any
     w = _weights(33, 70, seed=12)  # N = 70: past a 64-wide tile

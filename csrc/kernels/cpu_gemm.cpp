@@ -1103,6 +1103,7 @@ std::tuple<Tensor, Tensor> max_prod_matmul_argmax(const Tensor& g, const Tensor&
 }
 
 Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k) {
+  if (device::routes(g, w)) return device::kmax_matmul(g, w, k);
   BatchedOperands ops;
   if (k < 1 || k > 8 || g.size(0) != k || !kernel_applies(g, w, ops)) return {};
   if (k == 1) {  // one score: the max-plus product itself

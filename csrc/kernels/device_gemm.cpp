@@ -175,6 +175,27 @@ Tensor max_matmul(bool times, const Tensor& g, const Tensor& w, Tensor* argmax) 
   return out.view(f.out_shape);
 }
 
+Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k) {
+  if (k == 1) return max_matmul(false, g, w);
+  Flat f;
+  if (k < 2 || k > 8 || !routes(g, w) || g.size(0) != k || !flatten(g, w, f)) return {};
+  const double inf = std::numeric_limits<double>::infinity();
+  // As the CPU kernel: no NaN or +∞ among the scores, finite weights.
+  if (any_of({at::isnan(f.g), f.g == inf, at::isfinite(f.w).logical_not()})) return {};
+  const Backend backend(g);
+  auto lifted = at::empty({f.w_b == 0 ? 1 : f.B, f.K, f.N}, g.options());
+  check(backend.lift(0, w_dtype(f.w), lifted.size(0), f.K, f.N, f.w.data_ptr(), f.w_b, f.w_k, f.w_n,
+                     lifted.data_ptr<float>()),
+        "ts_lift_weights");
+  auto out = at::empty({k, f.B, f.M, f.N}, g.options());
+  check(backend.max_gemm(int(TS_OP_KMAX + k), f.B, f.M, f.N, f.K, f.g.data_ptr<float>(), f.g.stride(0),
+                         f.g.stride(1), f.g.stride(2), f.g.stride(3), lifted.data_ptr<float>(),
+                         f.w_b == 0 ? 0 : f.K * f.N, out.data_ptr<float>(), f.B * f.M * f.N, nullptr),
+        "ts_max_gemm (kmax)");
+  ++device_calls;
+  return out.view(f.out_shape);
+}
+
 Tensor max_prod_matmul(const Tensor& g, const Tensor& w) {
   Flat f;
   if (!routes(g, w) || g.size(0) != 2 || !flatten(g, w, f)) return {};

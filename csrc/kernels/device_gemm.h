@@ -12,7 +12,7 @@
 //     bodies run on the host by the block emulator (cuda/host_launcher.h).
 //     Slow; it exists so that this glue runs in CI without a GPU.
 // Products: max-plus (viterbi) and max-times (max_abs), with argmax for path
-// extraction; the max_prod pair; log and entropy by exp-shift. fp32 or bf16
+// extraction; the max_prod pair; kmax (k <= 8); log and entropy by exp-shift. fp32 or bf16
 // values (float64 declines: the kernels accumulate in fp32), fp32 or bf16
 // weights. The range checks the CPU kernels make while packing are separate
 // reductions here (one host read per product).
@@ -30,6 +30,8 @@ bool routes(const at::Tensor& g, const at::Tensor& w);
 // int32 (*batch, M, N), −1 = no path. times: max-times (max_abs), else max-plus.
 at::Tensor max_matmul(bool times, const at::Tensor& g, const at::Tensor& w, at::Tensor* argmax = nullptr);
 at::Tensor max_prod_matmul(const at::Tensor& g, const at::Tensor& w);
+// kmax(k), k <= 8: the k best of the k·K candidates, descending (no argmax).
+at::Tensor kmax_matmul(const at::Tensor& g, const at::Tensor& w, int64_t k);
 // log (entropy = false: g = (ℓ)) or entropy (g = (ℓ, h)) by exp-shift.
 at::Tensor exp_shift_matmul(bool entropy, const at::Tensor& g, const at::Tensor& w);
 // Products computed by a device backend in this process (tests check the glue ran).

@@ -19,11 +19,15 @@
 #define TS_CUDA_ECUBLAS (-4)   // a cuBLAS call failed
 
 enum { TS_OP_MAX_PLUS = 0, TS_OP_MAX_TIMES = 1, TS_OP_MAX_PROD = 2 };
+// kmax(k), 2 <= k <= 8: op TS_OP_KMAX + k; a holds the k descending scores of
+// each element at component stride a_c, out the k best of the k·K candidates
+// (the network of tile_arithmetic.h's TopKMerge), no argmax.
+#define TS_OP_KMAX 16
 enum { TS_DTYPE_F32 = 0, TS_DTYPE_BF16 = 1 };
 
 extern "C" {
 
-// out[q, z, m, n] = ⊕_k a[q, z, m, k] ⊗ b[z, k, n] (q < 2 for max_prod, else q = 0);
+// out[q, z, m, n] = ⊕_k a[q, z, m, k] ⊗ b[z, k, n] (q < 2 for max_prod, q < k for kmax, else q = 0);
 // b is the lifted weight (ts_lift_weights), a fp32 or bf16; idx (argmax, int32,
 // −1 = no path) only for max_plus / max_times, nullptr otherwise.
 int ts_max_gemm(int op, int a_dtype, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, int64_t a_c,

@@ -20,6 +20,7 @@ namespace impl {
 using kernels::MaxPlus;
 using kernels::MaxProdPair;
 using kernels::MaxTimes;
+using kernels::TopKMerge;
 
 template <class Op, class TA, bool ARG, class L>
 int max_gemm_typed(L& launcher, int64_t batch, int64_t M, int64_t N, int64_t K, const void* a, int64_t a_c,
@@ -44,7 +45,18 @@ int max_gemm_dtype(L& launcher, int op, int64_t batch, int64_t M, int64_t N, int
     case TS_OP_MAX_PROD:
       return idx ? TS_CUDA_EBADARG : max_gemm_typed<MaxProdPair, TA, false>(TS_GEMM_ARGS);
     default:
-      return TS_CUDA_EBADARG;
+      break;
+  }
+  if (idx) return TS_CUDA_EBADARG;  // kmax: no argmax here
+  switch (op - TS_OP_KMAX) {  // the network of the power of two >= k, pruned to k lanes (as on the CPU)
+    case 2: return max_gemm_typed<TopKMerge<2>, TA, false>(TS_GEMM_ARGS);
+    case 3: return max_gemm_typed<TopKMerge<4, MaxPlus, 3>, TA, false>(TS_GEMM_ARGS);
+    case 4: return max_gemm_typed<TopKMerge<4>, TA, false>(TS_GEMM_ARGS);
+    case 5: return max_gemm_typed<TopKMerge<8, MaxPlus, 5>, TA, false>(TS_GEMM_ARGS);
+    case 6: return max_gemm_typed<TopKMerge<8, MaxPlus, 6>, TA, false>(TS_GEMM_ARGS);
+    case 7: return max_gemm_typed<TopKMerge<8, MaxPlus, 7>, TA, false>(TS_GEMM_ARGS);
+    case 8: return max_gemm_typed<TopKMerge<8>, TA, false>(TS_GEMM_ARGS);
+    default: return TS_CUDA_EBADARG;
   }
 #undef TS_GEMM_ARGS
 }
