@@ -140,6 +140,24 @@ bool any_of(std::initializer_list<Tensor> flags) {
   return at::stack(each).any().item<bool>();
 }
 
+// out (C, B, M, N) = the max-semiring product `op` of f.g with the weights
+// lifted by `lift_mode` (0 log|w|, 1 |w|, 2 w with zeros marked), argmax into
+// idx (B, M, N) when given.
+Tensor run_max_gemm(const Tensor& g, const Flat& f, int op, int lift_mode, int64_t C, int32_t* idx) {
+  const Backend backend(g);
+  auto lifted = at::empty({f.w_b == 0 ? 1 : f.B, f.K, f.N}, g.options());
+  check(backend.lift(lift_mode, w_dtype(f.w), lifted.size(0), f.K, f.N, f.w.data_ptr(), f.w_b, f.w_k, f.w_n,
+                     lifted.data_ptr<float>()),
+        "ts_lift_weights");
+  auto out = at::empty({C, f.B, f.M, f.N}, g.options());
+  check(backend.max_gemm(op, f.B, f.M, f.N, f.K, f.g.data_ptr<float>(), f.g.stride(0), f.g.stride(1), f.g.stride(2),
+                         f.g.stride(3), lifted.data_ptr<float>(), f.w_b == 0 ? 0 : f.K * f.N, out.data_ptr<float>(),
+                         f.B * f.M * f.N, idx),
+        "ts_max_gemm");
+  ++device_calls;
+  return out.view(f.out_shape);
+}
+
 }  // namespace
 
 bool routes(const Tensor& g, const Tensor& w) {
@@ -158,21 +176,11 @@ Tensor max_matmul(bool times, const Tensor& g, const Tensor& w, Tensor* argmax) 
   if (any_of({at::isnan(f.g), f.g == inf, times ? f.g < 0 : at::zeros({1}, f.g.options().dtype(at::kBool)),
               at::isfinite(f.w).logical_not()}))
     return {};
-  const Backend backend(g);
-  auto lifted = at::empty({f.w_b == 0 ? 1 : f.B, f.K, f.N}, g.options());
-  check(backend.lift(times ? 1 : 0, w_dtype(f.w), lifted.size(0), f.K, f.N, f.w.data_ptr(), f.w_b, f.w_k, f.w_n,
-                     lifted.data_ptr<float>()),
-        "ts_lift_weights");
-  auto out = at::empty({1, f.B, f.M, f.N}, g.options());
   Tensor idx = argmax ? at::empty({f.B, f.M, f.N}, g.options().dtype(at::kInt)) : Tensor();
-  check(backend.max_gemm(times ? TS_OP_MAX_TIMES : TS_OP_MAX_PLUS, f.B, f.M, f.N, f.K, f.g.data_ptr<float>(),
-                         f.g.stride(0), f.g.stride(1), f.g.stride(2), f.g.stride(3), lifted.data_ptr<float>(),
-                         f.w_b == 0 ? 0 : f.K * f.N, out.data_ptr<float>(), f.B * f.M * f.N,
-                         argmax ? idx.data_ptr<int32_t>() : nullptr),
-        "ts_max_gemm");
-  ++device_calls;
+  auto out = run_max_gemm(g, f, times ? TS_OP_MAX_TIMES : TS_OP_MAX_PLUS, times ? 1 : 0, 1,
+                          argmax ? idx.data_ptr<int32_t>() : nullptr);
   if (argmax) *argmax = idx.view(std::vector<int64_t>(f.out_shape.begin() + 1, f.out_shape.end()));
-  return out.view(f.out_shape);
+  return out;
 }
 
 Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k) {
@@ -182,18 +190,7 @@ Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k) {
   const double inf = std::numeric_limits<double>::infinity();
   // As the CPU kernel: no NaN or +∞ among the scores, finite weights.
   if (any_of({at::isnan(f.g), f.g == inf, at::isfinite(f.w).logical_not()})) return {};
-  const Backend backend(g);
-  auto lifted = at::empty({f.w_b == 0 ? 1 : f.B, f.K, f.N}, g.options());
-  check(backend.lift(0, w_dtype(f.w), lifted.size(0), f.K, f.N, f.w.data_ptr(), f.w_b, f.w_k, f.w_n,
-                     lifted.data_ptr<float>()),
-        "ts_lift_weights");
-  auto out = at::empty({k, f.B, f.M, f.N}, g.options());
-  check(backend.max_gemm(int(TS_OP_KMAX + k), f.B, f.M, f.N, f.K, f.g.data_ptr<float>(), f.g.stride(0),
-                         f.g.stride(1), f.g.stride(2), f.g.stride(3), lifted.data_ptr<float>(),
-                         f.w_b == 0 ? 0 : f.K * f.N, out.data_ptr<float>(), f.B * f.M * f.N, nullptr),
-        "ts_max_gemm (kmax)");
-  ++device_calls;
-  return out.view(f.out_shape);
+  return run_max_gemm(g, f, int(TS_OP_KMAX + k), 0, k, nullptr);
 }
 
 Tensor max_prod_matmul(const Tensor& g, const Tensor& w) {
@@ -206,18 +203,7 @@ Tensor max_prod_matmul(const Tensor& g, const Tensor& w) {
   if (any_of({at::isfinite(M).logical_or(empty).logical_not(), at::isfinite(m).logical_or(empty).logical_not(),
               (M < m).logical_and(empty.logical_not()), at::isfinite(f.w).logical_not()}))
     return {};
-  const Backend backend(g);
-  auto lifted = at::empty({f.w_b == 0 ? 1 : f.B, f.K, f.N}, g.options());
-  check(backend.lift(2, w_dtype(f.w), lifted.size(0), f.K, f.N, f.w.data_ptr(), f.w_b, f.w_k, f.w_n,
-                     lifted.data_ptr<float>()),
-        "ts_lift_weights");
-  auto out = at::empty({2, f.B, f.M, f.N}, g.options());
-  check(backend.max_gemm(TS_OP_MAX_PROD, f.B, f.M, f.N, f.K, f.g.data_ptr<float>(), f.g.stride(0), f.g.stride(1),
-                         f.g.stride(2), f.g.stride(3), lifted.data_ptr<float>(), f.w_b == 0 ? 0 : f.K * f.N,
-                         out.data_ptr<float>(), f.B * f.M * f.N, nullptr),
-        "ts_max_gemm (max_prod)");
-  ++device_calls;
-  return out.view(f.out_shape);
+  return run_max_gemm(g, f, TS_OP_MAX_PROD, 2, 2, nullptr);
 }
 
 Tensor exp_shift_matmul(bool entropy, const Tensor& g, const Tensor& w) {
