@@ -32,13 +32,24 @@ struct CublasLauncher : DeviceLauncher {
   }
   CublasLauncher(const CublasLauncher&) = delete;
   ~CublasLauncher() {
+    if (handle && restore_mode) cublasSetMathMode(handle, saved_mode);
     if (own && handle) cublasDestroy(handle);
   }
   bool ok() const { return handle != nullptr; }
+  // Full fp32 GEMMs whatever the handle's mode (torch's allows TF32 when the
+  // user asked for it): entropy subtracts its GEMMs' results, where TF32's
+  // 10-bit products would show; log may keep the handle's choice.
+  int exact_fp32() {
+    if (cublasGetMathMode(handle, &saved_mode) != CUBLAS_STATUS_SUCCESS) return TS_CUDA_ECUBLAS;
+    restore_mode = true;
+    return cublasSetMathMode(handle, CUBLAS_PEDANTIC_MATH) == CUBLAS_STATUS_SUCCESS ? 0 : TS_CUDA_ECUBLAS;
+  }
+  cublasMath_t saved_mode = CUBLAS_DEFAULT_MATH;
+  bool restore_mode = false;
 
   // Row-major C (M×N) = A (M×K) @ B (K×N), contiguous, per batch entry:
   // column-major Cᵀ (N×M) = Bᵀ (N×K) · Aᵀ (K×M). fp32 (the handle's math mode
-  // decides about TF32; a handle made here uses the default, no TF32).
+  // decides about TF32 — see exact_fp32; a handle made here has no TF32).
   int gemm(int64_t batch, int64_t M, int64_t N, int64_t K, const float* A, const float* B, float* C) {
     if (M > INT_MAX || N > INT_MAX || K > INT_MAX || batch > INT_MAX) return TS_CUDA_ETOOLARGE;
     const float one = 1.f, zero = 0.f;
