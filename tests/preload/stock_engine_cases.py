@@ -248,3 +248,21 @@ def test_convolutions_through_pytorchs_engine(case, semiring):
         got = torch.autograd.grad(outs, inputs)
     for i, (g, w) in enumerate(zip(got, want)):
         close(g, w, f"{case}/{semiring} input {i}")
+
+
+def test_bf16_values_travel_in_float32():
+    # 17³ = 4913 paths of weight 1 (bf16 holds 4912 or 4928): the wrapped values
+    # carry float32 through PyTorch's engine as through the out-of-tree one;
+    # .grad stays in the leaf's dtype (bf16), autograd.grad returns the readout.
+    x = torch.randn(2, 17, dtype=torch.bfloat16, requires_grad=True)
+    ones = torch.ones(17, 17, dtype=torch.bfloat16)
+    out = (x @ ones @ ones @ ones).sum()
+    torch.autograd.set_semiring("count")
+    try:
+        (count,) = torch.autograd.grad(out, x, retain_graph=True)
+    finally:
+        torch.autograd.set_semiring(None)
+    assert count.dtype == torch.float32 and torch.equal(count, torch.full((2, 17), 4913.0))
+    assert torch.equal(count, ts.grad(out, x, semiring="count", retain_graph=True)[0])
+    grads = stock_backward([x], lambda: (x @ ones @ ones @ ones).sum(), "log")
+    assert grads[0].dtype == torch.bfloat16
