@@ -252,11 +252,9 @@ def test_autograd_function_needs_a_rule_then_uses_it():
             (want,) = ts.grad(y.sum(), x, semiring=name, **params)
             assert_values_equal(got, want, name, name)
     finally:
-        ts.register_rule(Cube, _no_rule)
-
-
-def _no_rule(node, grads, semiring, needed):
-    raise NotImplementedError("rule removed after the test")
+        ts.unregister_rule(Cube)
+    with pytest.raises(NotImplementedError, match="CubeBackward.*register_rule"):  # gone again
+        ts.grad(Cube.apply(x).sum(), x, semiring="viterbi")
 
 
 def test_register_rule_by_node_name_overrides():
@@ -270,10 +268,31 @@ def test_register_rule_by_node_name_overrides():
         (g,) = ts.grad(x.sin().sum(), x, semiring="real")  # real runs the stock backward, not rules
         assert g.tolist() == torch.cos(x.detach()).tolist()
     finally:
-        from torch_semiring import _C
-
-        _C.restore_builtin_rules()
+        ts.unregister_rule("SinBackward0")  # the built-in rule is back
     assert ts.registered_rules()["SinBackward0"] == "pointwise"
+    (g,) = ts.grad(x.sin().sum(), x, semiring="abs")
+    assert g.tolist() == torch.cos(x.detach()).abs().tolist()
+
+
+def test_using_rule_nests_and_unregistering_restores_what_was_replaced():
+    x = leaf([1.0, 2.0])
+
+    def constant(c):
+        return lambda node, grads, sr, needed: [sr.otimes_edge(grads[0], torch.full_like(x, c))]
+
+    def value():
+        return ts.grad(x.sin().sum(), x, semiring="abs")[0].tolist()
+
+    with ts.using_rule("SinBackward0", constant(10.0)):
+        assert value() == [10.0, 10.0]
+        with ts.using_rule("SinBackward0", constant(3.0)):
+            assert value() == [3.0, 3.0]
+        assert value() == [10.0, 10.0]  # the outer rule, not the built-in
+    assert value() == torch.cos(x.detach()).abs().tolist()
+    with pytest.raises(ValueError, match="no rule for 'SinBackward0' was registered with ts.register_rule"):
+        ts.unregister_rule("SinBackward0")  # built-in rules stay
+    with pytest.raises(TypeError, match="node name .* or a torch.autograd.Function subclass"):
+        ts.unregister_rule(3)
 
 
 @pytest.mark.parametrize("case", [mlp3, attention_by_hand, layout], ids=lambda c: c.__name__)

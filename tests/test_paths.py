@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 
 import pytest
 import torch
@@ -240,19 +241,29 @@ def test_explain_cli_writes_table_json_and_pictures(tiny_model_folder, tmp_path,
     assert len(saved["paths"]) == 3 and saved["tokens"][0] == "[CLS]"
 
 
-def test_explain_cli_errors(tiny_model_folder, tmp_path):
+def test_explain_cli_errors(tiny_model_folder, tmp_path, capsys):
+    # Every bad argument: one line on stderr, exit status 2, before any work.
     from torch_semiring.__main__ import main
 
-    with pytest.raises(SystemExit, match="unknown model 'nope'"):
-        main(["explain", "--model", "nope", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="more than the model's maximum of 16"):
-        main(["explain", "--model", tiny_model_folder, "--text", "the cat " * 20, "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="has no paths"):
-        main(["explain", "--model", tiny_model_folder, "--semiring", "entropy", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="'tpu0' is not a torch device"):
-        main(["explain", "--model", tiny_model_folder, "--device", "tpu0", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="meta holds no data"):
-        main(["explain", "--model", tiny_model_folder, "--device", "meta", "--out", str(tmp_path)])
+    def fails(extra, message, model=tiny_model_folder):
+        with pytest.raises(SystemExit) as exited:
+            main(["explain", "--model", model, "--out", str(tmp_path / "out"), *extra])
+        assert exited.value.code == 2
+        err = capsys.readouterr().err
+        assert re.search(message, err) and err.count("\n") == 1 and "Traceback" not in err, err
+
+    fails([], "unknown model 'nope'", model="nope")
+    (tmp_path / "empty").mkdir()
+    fails([], "has no config.json: not a Hugging Face model folder", model=str(tmp_path / "empty"))
+    fails(["--text", "the cat " * 20], "more than the model's maximum of 16")
+    fails(["--semiring", "entropy"], "has no paths")
+    for k in ("0", "-3", "100000"):
+        fails(["--k", k], f"--k must be a whole number from 1 to 64 .*got {k}")
+    (tmp_path / "a_file").write_text("")
+    with pytest.raises(SystemExit) as exited:
+        main(["explain", "--model", tiny_model_folder, "--out", str(tmp_path / "a_file" / "out")])
+    assert exited.value.code == 2 and "is not a writable folder" in capsys.readouterr().err
+    fails(["--device", "tpu0"], "'tpu0' is not a torch device")
+    fails(["--device", "meta"], "meta holds no data")
     if not torch.cuda.is_available():
-        with pytest.raises(SystemExit, match="no CUDA device.*--device cpu"):
-            main(["explain", "--model", tiny_model_folder, "--device", "cuda", "--out", str(tmp_path)])
+        fails(["--device", "cuda"], "no CUDA device.*--device cpu")

@@ -7,6 +7,8 @@
 #include <torch/extension.h>
 
 #include <optional>
+#include <unordered_map>
+#include <algorithm>
 
 #include "../engine/engine.h"
 #include "../hooks/engine_hooks.h"
@@ -121,6 +123,14 @@ std::vector<std::string>& python_rule_names() {
   return names;
 }
 
+// Per node name, the rules a Python registration replaced (a built-in or an
+// earlier Python rule; an empty `rule`: there was none), so that
+// unregistering one puts back what it replaced.
+std::unordered_map<std::string, std::vector<RuleEntry>>& shadowed_rules() {
+  static std::unordered_map<std::string, std::vector<RuleEntry>> shadowed;
+  return shadowed;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -228,12 +238,27 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("preload_symbols", &preload_symbols);
 
   m.def("register_rule", [](const std::string& name, py::function fn, const std::string& family) {
+    const RuleEntry* before = find_rule(name);
+    shadowed_rules()[name].push_back(before ? *before : RuleEntry{});
     register_rule(name, python_rule(std::move(fn)), family);
     python_rule_names().push_back(name);
   }, py::arg("node_name"), py::arg("rule"), py::arg("family") = "user");
+  m.def("unregister_rule", [](const std::string& name) {
+    auto& names = python_rule_names();
+    auto it = std::find(names.rbegin(), names.rend(), name);
+    TORCH_CHECK_VALUE(it != names.rend(), "torch_semiring: no rule for '", name, "' was registered with "
+                      "ts.register_rule (built-in rules cannot be removed; register one to replace it)");
+    names.erase(std::next(it).base());
+    auto& stack = shadowed_rules()[name];
+    RuleEntry previous = stack.back();
+    stack.pop_back();
+    if (previous.rule) register_rule(name, std::move(previous.rule), previous.family);
+    else unregister_rule(name);
+  }, py::arg("node_name"), "Removes the latest ts.register_rule for node_name; the rule it replaced comes back");
   m.def("release_python_objects", [] {
     for (const auto& name : python_rule_names()) unregister_rule(name);
     python_rule_names().clear();
+    shadowed_rules().clear();
     set_log_sink(nullptr);
   });
   // The SIMD kernels' extras that the semiring interface has no place for:

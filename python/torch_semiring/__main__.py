@@ -91,7 +91,13 @@ def main(argv: list[str] | None = None) -> int:
     elif args.command == "explain":
         from .explain import explain, print_explanation
 
-        result = explain(args.model, args.text, args.other, args.semiring, args.k, args.out, device=args.device)
+        try:
+            result = explain(args.model, args.text, args.other, args.semiring, args.k, args.out, device=args.device)
+        except SystemExit as error:  # a bad argument: one line, exit status 2 (as argparse's own errors)
+            if not isinstance(error.code, str):
+                raise
+            print(error.code, file=sys.stderr)
+            raise SystemExit(2) from None
         print_explanation(result, args.semiring)
     return 0
 

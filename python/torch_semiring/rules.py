@@ -15,6 +15,8 @@ them to each input's shape.
 """
 from __future__ import annotations
 
+import contextlib
+
 from typing import Any, Callable
 
 import torch
@@ -53,6 +55,32 @@ def register_rule(target: Any, rule: Callable) -> None:
         "torch_semiring.register_rule takes a node name (str) or a torch.autograd.Function subclass, "
         f"got {type(target).__name__}"
     )
+
+
+def _node_name(target: Any, what: str) -> str:
+    if isinstance(target, str):
+        return target
+    if isinstance(target, type) and issubclass(target, torch.autograd.Function):
+        return target.__name__ + "Backward"
+    raise TypeError(f"torch_semiring.{what} takes a node name (str) or a torch.autograd.Function subclass, "
+                    f"got {type(target).__name__}")
+
+
+def unregister_rule(target: Any) -> None:
+    """Remove the latest :func:`register_rule` for ``target`` (a node name or an
+    ``autograd.Function`` subclass): the rule it replaced — a built-in rule or an
+    earlier registration — is in force again. A name never registered is a ValueError."""
+    _C.unregister_rule(_node_name(target, "unregister_rule"))
+
+
+@contextlib.contextmanager
+def using_rule(target: Any, rule: Callable):
+    """``with ts.using_rule("MulBackward0", my_rule): ...`` — ``rule`` in force inside the block only."""
+    register_rule(target, rule)
+    try:
+        yield
+    finally:
+        unregister_rule(target)
 
 
 def has_rule(node_name: str) -> bool:
