@@ -9,6 +9,8 @@ float32 (+inf where they overflow), with no NaN anywhere.
 """
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -123,3 +125,18 @@ def test_product_semiring_splits_its_nonnegative_parts(graph):
         alone = ts.grad(out, x, semiring=name, retain_graph=True)[0]
         assert not got[0].isnan().any() or name == "entropy", f"{name} in a product: NaN"
         torch.testing.assert_close(got[0], alone, rtol=1e-5, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("k", [3, 10])  # 10: beyond the fused passes (k ≤ 8), the ATen route
+def test_kmax_padding_stays_no_path_across_an_infinite_edge(k):
+    # exp(800 x) has an infinite local derivative: the one path scores +∞ and
+    # the list's padding slots (−∞, no path) must stay −∞, not −∞ + ∞ = NaN.
+    x = torch.tensor([1.0, 2.0], dtype=torch.float64, requires_grad=True)
+    (got,) = ts.grad((x * 800).exp().sum(), x, semiring="kmax", k=k)
+    expected = torch.full((2, k), -math.inf, dtype=torch.float64)
+    expected[:, 0] = math.inf
+    assert torch.equal(got, expected)
+    # two paths, one infinite: [+∞, log 1 = 0, −∞, …]
+    y = torch.tensor([1.0], dtype=torch.float64, requires_grad=True)
+    (got,) = ts.grad((y * 800).exp().sum() + y.sum(), y, semiring="kmax", k=k)
+    assert got[0, 0] == math.inf and got[0, 1] == 0.0 and torch.isneginf(got[0, 2:]).all()

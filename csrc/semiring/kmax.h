@@ -11,6 +11,22 @@
 
 namespace torch_semiring {
 
+// Score lists a (E, *S), descending, ⊗ an edge w: + log|w| per slot, where a
+// padding slot (−∞ after the first: no path) stays −∞ across an infinite edge
+// instead of −∞ + ∞ = NaN (the first slot keeps IEEE, as viterbi). One fused
+// pass where it applies (E ≤ 8, CPU float/double); kmax and its path version.
+inline at::Tensor add_log_abs_scores(const at::Tensor& a, const at::Tensor& w) {
+  auto fused = kernels::fused_edge(kernels::Fused::AddLogAbs, a, w);
+  if (fused.defined()) return fused;
+  auto out = a + w.abs().log();
+  if (a.size(0) > 1) {
+    auto rest = out.narrow(0, 1, a.size(0) - 1);
+    rest.masked_fill_(a.narrow(0, 1, a.size(0) - 1).expand_as(rest) == -std::numeric_limits<double>::infinity(),
+                      -std::numeric_limits<double>::infinity());
+  }
+  return out;
+}
+
 class KMaxSemiring final : public Semiring {
  public:
   explicit KMaxSemiring(int64_t k) : k_(k) {
@@ -51,6 +67,11 @@ class KMaxSemiring final : public Semiring {
   }
   Tensor do_otimes(const Tensor& a, const Tensor& b) const override {
     auto sums = a.unsqueeze(1) + b.unsqueeze(0);  // (k, k, *S): every pair of scores
+    // A pair with a padding slot (−∞) is no path even against +∞ (a NaN
+    // otherwise); the pair of first slots keeps IEEE, as viterbi does.
+    auto padding = (a.unsqueeze(1) == -kInf).logical_or(b.unsqueeze(0) == -kInf);
+    padding.select(0, 0).select(0, 0).fill_(false);
+    sums.masked_fill_(padding, -kInf);
     auto shape = sums.sizes().vec();
     shape.erase(shape.begin());
     shape[0] = k_ * k_;
@@ -58,8 +79,7 @@ class KMaxSemiring final : public Semiring {
   }
   // A lifted edge has one finite score: adding it keeps the order.
   Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
-    auto fused = kernels::fused_edge(kernels::Fused::AddLogAbs, a, w);  // one pass (k ≤ 8)
-    return fused.defined() ? fused : a + w.abs().log();
+    return add_log_abs_scores(a, w);
   }
   Tensor do_oplus(const Tensor& a, const Tensor& b) const override {
     auto fused = kernels::fused_pair(kernels::Fused::KMaxMerge, a, b);  // bitonic merge, one pass (k ≤ 8)

@@ -11,6 +11,7 @@
 // input element walks the best path(s). ids are stored in the value's dtype:
 // the engine checks they stay exactly representable.
 #pragma once
+#include "kmax.h"
 #include "semiring.h"
 
 #include "kernels/cpu_gemm.h"
@@ -168,8 +169,7 @@ class ProvenanceSemiring final : public Semiring {
       case Kind::TopK: {
         auto fused = kernels::fused_edge(kernels::Fused::AddLogAbsIds, a, w);  // scores and ids, one pass (E ≤ 8)
         if (fused.defined()) return fused;
-        auto lifted = kernels::fused_edge(kernels::Fused::AddLogAbs, s, w);
-        if (!lifted.defined()) lifted = s + w.abs().log();
+        auto lifted = add_log_abs_scores(s, w);
         return pack(lifted, id.expand(at::infer_size(id.sizes(), lifted.sizes())));
       }
       case Kind::MaxTimes: {
