@@ -316,7 +316,11 @@ struct EnvelopeRow {
   };
   static constexpr int kBandShift = 4;  // 2^4 binary exponents (a factor 2^16) per band
   RadixSorter sorter;
-  std::vector<int32_t> by_slope, grouped;
+  std::vector<int32_t> by_slope, grouped, by_query;
+  const double* row_x = nullptr;
+  int64_t row_n = 0;
+  double t0 = 0, t1 = 0;  // the queries' range
+  bool queries_sorted = false;
   std::vector<double> slopes;
   std::vector<Line> lines, hull;
   std::vector<Band> bands;
@@ -348,9 +352,9 @@ struct EnvelopeRow {
     return uint8_t(((u >> 52) & 0x7ff) >> kBandShift);
   }
 
-  // The maximum of the lines sign·α at every query (by_query: the row's
-  // positions in ascending x). owner (optional): the winning line's owner per
-  // query (−1: none; ties: the first found).
+  // The maximum of the lines sign·α at every query x_j of the row given to
+  // new_row. owner (optional): the winning line's owner per query (−1: none;
+  // ties: the first found).
   //
   // Lines that are nowhere above a lower bound of the answer go first: over
   // the queries' range [t0, t1] a line lies between its end values, so the
@@ -359,10 +363,20 @@ struct EnvelopeRow {
   // a query excludes; a line whose highest value is below it never wins. With
   // values spread over orders of magnitude (the log-space semirings) few are
   // left and each query takes the best of them directly (O(N·S)); otherwise
-  // the survivors' banded upper envelope answers all queries (O(S log S + N)).
-  void best_of(const double* alpha, const double* x, int64_t n, const int32_t* by_query, double sign,
-               double* out, int32_t* owner = nullptr) {
-    const double t0 = x[by_query[0]], t1 = x[by_query[n - 1]];
+  // the survivors' banded upper envelope answers all queries: by a sweep
+  // (swept, O(S·h + N·H) for h hull lines a band, H in all) while hulls are
+  // small, else sorted (envelope, O(S log S + N)).
+  //
+  // new_row(x, n) first, once per row: the sorted order of the queries is
+  // made only if a call needs it (the sorted envelope), then shared.
+  void new_row(const double* x, int64_t n) {
+    row_x = x, row_n = n, queries_sorted = false;
+    t0 = kInf, t1 = -kInf;
+    for (int64_t i = 0; i < n; ++i) t0 = std::min(t0, x[i]), t1 = std::max(t1, x[i]);
+  }
+  void best_of(const double* alpha, double sign, double* out, int32_t* owner = nullptr) {
+    const double* x = row_x;
+    const int64_t n = row_n;
     // (Branch-free where the outcome is random — a root in the range or not —
     // since mispredictions dominated these loops.)
     double first = -kInf, second = -kInf;  // the two best owners' lowest values
@@ -385,7 +399,6 @@ struct EnvelopeRow {
         const double high = a * y0 > a * y1 ? a * y0 : a * y1;
         if (!(high >= second)) continue;  // below the bound at every query (or absent: NaN)
         lines.push_back({a * x[i], a, int32_t(i), band_of(a)});
-        slopes.push_back(a * x[i]);
       }
     }
     const int64_t L = int64_t(lines.size());
@@ -405,9 +418,94 @@ struct EnvelopeRow {
       }
       return;
     }
+    if (swept(alpha, x, n, sign, out, owner)) return;
+    slopes.resize(L);
+    for (int64_t q = 0; q < L; ++q) slopes[q] = lines[q].slope;
     by_slope.resize(L);
     sorter.sort(slopes.data(), L, by_slope.data());
-    envelope(alpha, x, n, by_query, sign, out, owner);
+    if (!queries_sorted) by_query.resize(n), sorter.sort(x, n, by_query.data()), queries_sorted = true;
+    envelope(alpha, x, n, by_query.data(), sign, out, owner);
+  }
+
+  // The envelope by a sweep over [t0, t1], band by band, without sorting:
+  // from the best line at t0, the next hull line is the one (of larger slope)
+  // that overtakes the current one first — O(L) a step, O(L·h) for h hull
+  // lines. Envelopes of these rows have few lines (4–7 of 768 on layer-norm
+  // rows of real models), so this replaces the O(L log L) slope sort and
+  // the sorted sweep; then every query takes the best of all bands' hull
+  // lines in the canonical form α·(1 + x t) (O(N·H), which also absorbs a
+  // hull line lost to rounding next to a neighbour). A query whose best is
+  // its own line (excluded) or 0 (maybe a non-edge) is answered directly, as
+  // in envelope(). Returns false (nothing written) when a band's hull grows
+  // past kMaxSwept lines: the sorted envelope is then cheaper.
+  static constexpr int64_t kMaxSwept = 24;
+  std::vector<int32_t> hull_lines, winner;
+  bool swept(const double* alpha, const double* x, int64_t n, double sign, double* out, int32_t* owner) {
+    const int64_t L = int64_t(lines.size());
+    uint32_t count[256] = {0};
+    for (int64_t q = 0; q < L; ++q) count[lines[q].band]++;
+    uint32_t start[256], run = 0;
+    for (int b = 255; b >= 0; --b) start[b] = run, run += count[b];
+    grouped.resize(L);
+    for (int64_t q = 0; q < L; ++q) grouped[start[lines[q].band]++] = int32_t(q);
+    hull_lines.clear();
+    for (int64_t b0 = 0; b0 < L;) {
+      const uint8_t band = lines[grouped[b0]].band;
+      int64_t b1 = b0;
+      while (b1 < L && lines[grouped[b1]].band == band) ++b1;
+      int32_t cur = -1;  // the best line at t0 (ties: the larger slope, which stays best after t0)
+      double best = -kInf;
+      for (int64_t q = b0; q < b1; ++q) {
+        const Line& l = lines[grouped[q]];
+        const double v = l.intercept * one_plus(x[l.owner], t0);
+        if (v > best || (v == best && cur >= 0 && l.slope > lines[cur].slope)) best = v, cur = grouped[q];
+      }
+      // Lines of smaller slope than the current one, below it from here on,
+      // are dropped as the sweep goes (the band's range shrinks to [b0, live)).
+      int64_t live = b1;
+      for (int64_t steps = 0;; ++steps) {
+        if (steps == kMaxSwept) return false;
+        hull_lines.push_back(cur);
+        const Line& c = lines[cur];
+        int32_t next = -1;
+        double when = kInf;  // where the next line overtakes c (ties: the larger slope)
+        int64_t kept = b0;
+        for (int64_t q = b0; q < live; ++q) {
+          const Line& l = lines[grouped[q]];
+          if (!(l.slope > c.slope)) continue;
+          grouped[kept++] = grouped[q];
+          const double tc = (c.intercept - l.intercept) / (l.slope - c.slope);
+          if (tc < when || (tc == when && next >= 0 && l.slope > lines[next].slope)) when = tc, next = grouped[q];
+        }
+        live = kept;
+        if (next < 0 || !(when <= t1)) break;
+        cur = next;
+      }
+      b0 = b1;
+    }
+    // Line by line over all queries (independent queries: no dependency
+    // chain through `best`); lines in owner order, so the first of equal
+    // values is the smallest owner, as in direct().
+    std::sort(hull_lines.begin(), hull_lines.end(),
+              [&](int32_t p, int32_t q) { return lines[p].owner < lines[q].owner; });
+    winner.resize(n);
+    std::fill(out, out + n, -kInf);
+    std::fill(winner.begin(), winner.end(), -1);
+    for (const int32_t h : hull_lines) {
+      const double a = lines[h].intercept, xo = x[lines[h].owner];
+      const int32_t o = lines[h].owner;
+      for (int64_t j = 0; j < n; ++j) {
+        const double v = a * one_plus(xo, x[j]);
+        const bool take = v > out[j];
+        out[j] = take ? v : out[j];
+        winner[j] = take ? o : winner[j];
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      if (winner[j] == j || out[j] == 0) out[j] = direct(alpha, x, n, j, sign, &winner[j]);
+      if (owner) owner[j] = winner[j];
+    }
+    return true;
   }
 
   void envelope(const double* alpha, const double* x, int64_t n, const int32_t* by_query, double sign,
@@ -832,11 +930,10 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
   auto out = over_rows({w_in, x_in}, {log_space ? Holds::LogValues : Holds::Finite, Holds::Finite}, 1,
                        [&, n](int64_t r, const double* const* in, double* const* o) {
     thread_local EnvelopeRow env;
-    thread_local RadixSorter sorter;
-    thread_local std::vector<int32_t> by_query, who_buffer;
+    thread_local std::vector<int32_t> who_buffer;
     thread_local std::vector<double> alpha, best;
     const double *wr = in[0], *xr = in[1];
-    by_query.resize(n), who_buffer.resize(n), alpha.resize(2 * n), best.resize(n);
+    who_buffer.resize(n), alpha.resize(2 * n), best.resize(n);
     int32_t* who = pwin ? pwin + r * n : who_buffer.data();
     RowScale sc{0.0, 0.0};
     if (log_space) {
@@ -853,8 +950,8 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
       alpha[2 * i] = v > 0 ? v : nan;  // weight 0: no path through i
       alpha[2 * i + 1] = v > 0 ? -v : nan;
     }
-    sorter.sort(xr, n, by_query.data());
-    env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, best.data(), who);
+    env.new_row(xr, n);
+    env.best_of(alpha.data(), 1.0, best.data(), who);
     for (int64_t j = 0; j < n; ++j) {
       if (!log_space) {
         if (!(best[j] > 0)) best[j] = 0.0, who[j] = -1;  // no edge: the zero of max_abs
@@ -879,20 +976,18 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const
   auto out = over_rows({M_in, m_in, x_in}, {Holds::AnyButNaN, Holds::AnyButNaN, Holds::Finite}, 2,
                        [&, n](int64_t, const double* const* in, double* const* o) {
     thread_local EnvelopeRow env;
-    thread_local RadixSorter sorter;
-    thread_local std::vector<int32_t> by_query;
     thread_local std::vector<double> alpha, lo;
     const double *Mr = in[0], *mr = in[1], *xr = in[2];
-    by_query.resize(n), alpha.resize(2 * n), lo.resize(n);
+    alpha.resize(2 * n), lo.resize(n);
     const double nan = std::numeric_limits<double>::quiet_NaN();
     for (int64_t i = 0; i < n; ++i) {
       const bool none = Mr[i] == -kInf;
       if (!none && !(std::isfinite(Mr[i]) && std::isfinite(mr[i]))) infinite_product = true;
       alpha[2 * i] = none ? nan : Mr[i], alpha[2 * i + 1] = none ? nan : mr[i];
     }
-    sorter.sort(xr, n, by_query.data());
-    env.best_of(alpha.data(), xr, n, by_query.data(), 1.0, o[0]);
-    env.best_of(alpha.data(), xr, n, by_query.data(), -1.0, lo.data());
+    env.new_row(xr, n);
+    env.best_of(alpha.data(), 1.0, o[0]);
+    env.best_of(alpha.data(), -1.0, lo.data());
     for (int64_t j = 0; j < n; ++j) o[1][j] = -lo[j];  // no line: (−∞, +∞)
   });
   if (out.empty() || infinite_product) return {};
