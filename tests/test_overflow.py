@@ -85,7 +85,26 @@ def attention(dtype):
     return h.sum(), x
 
 
-GRAPHS = [matmul_chain, linear_chain, zero_edges, layer_norms, rms_norms, attention]
+def placements(dtype):
+    """Overflowed values through views, permutations, slices, cat, stack/unbind, expand: rules that skip the
+    +inf split (they only move and add values) between matmuls that need it."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 8, generator=g, dtype=torch.float64).to(dtype).requires_grad_()
+    w = torch.full((8, 8), 4.0, dtype=dtype)
+    w[:, 2] = 0
+    h = x
+    for step in range(60):
+        h = h @ w
+        h = h.view(2, 2, 8).transpose(0, 1).reshape(4, 8).flip(0).roll(1, 1)
+        h = torch.cat([h[:, :3], h[:, 3:]], 1)
+        a, b = h.unbind(0)[0], h[1:]
+        h = torch.cat([a.unsqueeze(0).expand(1, 8), b], 0)
+        if step % 10 == 0:
+            h = torch.stack([h[0], h[1], h.select(0, 2), h[3]])
+    return h.sum(), x
+
+
+GRAPHS = [matmul_chain, linear_chain, zero_edges, layer_norms, rms_norms, attention, placements]
 
 
 @pytest.mark.parametrize("semiring", SEMIRINGS)

@@ -25,7 +25,8 @@ std::vector<int64_t> dims_of(const torch::autograd::InputMetadata& meta) {
 }  // namespace
 
 void register_rule(const std::string& node_name, Rule rule, const std::string& family) {
-  table()[node_name] = RuleEntry{std::move(rule), family};
+  const bool moves_values = family == "placement" || family == "broadcast";
+  table()[node_name] = RuleEntry{std::move(rule), family, moves_values};
 }
 
 void unregister_rule(const std::string& node_name) { table().erase(node_name); }
@@ -87,13 +88,14 @@ struct SplitComponents {
   }
 };
 
-// A split part in one pass (CPU, float/double): the finite part (±∞ → 0), the
-// 0/1 indicator of the infinite entries, and whether a finite nonzero (or
-// NaN) entry exists. Elsewhere the same from ATen operations (4 passes), and
-// off the CPU a finite entry is assumed (reading it back would stall the device).
+// A split part (CPU, float/double): the 0/1 indicator of the infinite entries
+// and whether a finite nonzero (or NaN) entry exists, in one pass; the finite
+// part (±∞ → 0) in a second one only if there is one (once a float32 count
+// has overflowed, most values are +∞ or 0: no finite run, no finite tensor).
+// Elsewhere the same from ATen operations, and off the CPU a finite entry is
+// assumed (reading it back would stall the device).
 struct SplitValue {
-  at::Tensor finite, indicator;
-  bool any_finite;
+  at::Tensor finite, indicator;  // finite: undefined when nothing finite and nonzero
 };
 SplitValue split_value(const at::Tensor& v) {
   const auto dtype = v.scalar_type();
@@ -101,23 +103,21 @@ SplitValue split_value(const at::Tensor& v) {
     const auto infinite = v.isinf();
     auto finite = v.masked_fill(infinite, 0);
     const bool any = !v.device().is_cpu() || (finite.numel() > 0 && finite.max().item<double>() != 0);  // NaN: finite
-    return {finite, infinite.to(dtype), any};
+    return {any ? finite : at::Tensor(), infinite.to(dtype)};
   }
   const auto in = v.contiguous();
-  auto finite = at::empty_like(in), indicator = at::empty_like(in);
+  auto indicator = at::empty_like(in);
   bool any = false;
   AT_DISPATCH_FLOATING_TYPES(dtype, "split_value", [&] {
     const scalar_t* x = in.data_ptr<scalar_t>();
-    scalar_t* f = finite.data_ptr<scalar_t>();
     scalar_t* ind = indicator.data_ptr<scalar_t>();
     for (int64_t i = 0, n = in.numel(); i < n; ++i) {
       const bool infinite = std::isinf(x[i]);
-      f[i] = infinite ? scalar_t(0) : x[i];
       ind[i] = infinite ? scalar_t(1) : scalar_t(0);
       any |= !infinite && x[i] != 0;
     }
   });
-  return {finite, indicator, any};
+  return {any ? in.masked_fill(indicator.to(at::kBool), 0) : at::Tensor(), indicator};
 }
 
 // +∞ where reached > 0, else out's entry (a new tensor: out may alias others).
@@ -160,15 +160,20 @@ bool may_hold_infinite(const std::vector<at::Tensor>& values, const SplitCompone
 std::vector<at::Tensor> rule_with_infinite_values(const RuleEntry& entry, const RuleContext& ctx,
                                                   const std::vector<at::Tensor>& values,
                                                   const SplitComponents& split) {
-  std::vector<at::Tensor> finite(values.size()), indicator(values.size());
+  std::vector<at::Tensor> finite(values.size()), indicator(values.size()), finite_parts(values.size());
   bool any_finite = !split.all;  // once a float32 count overflowed, often every value is +∞ (or 0)
   for (size_t i = 0; i < values.size(); ++i) {
     if (!values[i].defined()) continue;
     auto parts = split_value(split.part(values[i]));
-    finite[i] = split.with_part(values[i], parts.finite);
     indicator[i] = split.with_part(values[i], parts.indicator);
-    any_finite = any_finite || parts.any_finite;
+    finite_parts[i] = parts.finite;
+    any_finite = any_finite || parts.finite.defined();
   }
+  if (any_finite)  // a part with nothing finite has the zero (0 in these semirings) as its finite part
+    for (size_t i = 0; i < values.size(); ++i)
+      if (values[i].defined())
+        finite[i] = split.with_part(values[i], finite_parts[i].defined() ? finite_parts[i]
+                                                                         : at::zeros_like(split.part(values[i])));
   auto out = any_finite ? entry.rule(ctx, finite) : std::vector<at::Tensor>{};
   auto reached = entry.rule(ctx, indicator);
   out.resize(std::max(out.size(), reached.size()));
@@ -189,8 +194,9 @@ std::vector<at::Tensor> apply_rule(Node& node, const Semiring& sr, std::vector<b
   const size_t edges = node.next_edges().size();
   RuleContext ctx{node, sr, create_graph, std::move(needed)};
   const SplitComponents split(sr.infinite_split_components());
-  auto out = split.any() && may_hold_infinite(values, split) ? rule_with_infinite_values(entry, ctx, values, split)
-                                                        : entry.rule(ctx, values);
+  auto out = split.any() && !entry.moves_values && may_hold_infinite(values, split)
+                 ? rule_with_infinite_values(entry, ctx, values, split)
+                 : entry.rule(ctx, values);
   TORCH_CHECK(out.size() <= edges, "torch_semiring: the rule of ", node.name(), " returned ", out.size(),
               " values for ", edges, " inputs");
   return out;
