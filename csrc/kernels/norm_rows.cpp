@@ -289,6 +289,58 @@ PhiRow<T> pick_phi_row() {
   return &phi_row_portable<T>;
 }
 
+// ---- the best of a few lines at every query, vectorised -------------------------
+
+// best[j], who[j] = the max over lines h of a_h·(1 + x_h·t_j) and its owner
+// o_h (as a double; the first line wins ties, so lines come in owner order).
+// Queries in vectors (x padded to whole vectors), lines in the inner loop:
+// O(N·H) with no branch and no memory traffic per line.
+template <class V>
+inline __attribute__((always_inline)) void best_lines_impl(const double* t, int64_t n, const double* a,
+                                                          const double* xo, const double* owner, int64_t H,
+                                                          double* best, double* who) {
+  constexpr int L = sizeof(V) / sizeof(double);
+  for (int64_t j = 0; j < n; j += L) {
+    V tj;
+    std::memcpy(&tj, t + j, sizeof(V));
+    V b = V{} - kInf, w = V{} - 1.0;
+    for (int64_t h = 0; h < H; ++h) {
+      const V v = a[h] * one_plus(V{} + xo[h], tj);
+      const auto take = v > b;
+      b = take ? v : b;
+      w = take ? V{} + owner[h] : w;
+    }
+    std::memcpy(best + j, &b, sizeof(V));
+    std::memcpy(who + j, &w, sizeof(V));
+  }
+}
+constexpr int64_t kLinesPad = 8;  // queries are padded to a multiple of this (the widest vector)
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void best_lines_avx512(
+    const double* t, int64_t n, const double* a, const double* xo, const double* o, int64_t H, double* b, double* w) {
+  best_lines_impl<Vec<double, 64>::type>(t, n, a, xo, o, H, b, w);
+}
+__attribute__((target("avx2,fma"), flatten)) void best_lines_avx2(const double* t, int64_t n, const double* a,
+                                                                  const double* xo, const double* o, int64_t H,
+                                                                  double* b, double* w) {
+  best_lines_impl<Vec<double, 32>::type>(t, n, a, xo, o, H, b, w);
+}
+#endif
+__attribute__((flatten)) void best_lines_portable(const double* t, int64_t n, const double* a, const double* xo,
+                                                   const double* o, int64_t H, double* b, double* w) {
+  best_lines_impl<Vec<double, 16>::type>(t, n, a, xo, o, H, b, w);
+}
+using BestLines = void (*)(const double*, int64_t, const double*, const double*, const double*, int64_t, double*,
+                           double*);
+BestLines pick_best_lines() {
+  const std::string isa = kernel_isa();
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa == "avx512") return &best_lines_avx512;
+  if (isa == "avx2") return &best_lines_avx2;
+#endif
+  return &best_lines_portable;
+}
+
 // ---- the envelope family ------------------------------------------------------
 
 // max over lines l (owner o_l, coefficient α_l) of α_l·(1 + x_{o_l} t) at every
@@ -391,17 +443,18 @@ struct EnvelopeRow {
       if (low > first) second = first, first = low;
       else if (low > second) second = low;
     }
-    lines.clear(), slopes.clear();
+    lines.resize(2 * n);  // written branch-free: each line is stored, the count moves only for survivors
+    int64_t L = 0;
     for (int64_t i = 0; i < n; ++i) {
       const double y0 = one_plus(x[i], t0), y1 = one_plus(x[i], t1);
       for (int c = 0; c < 2; ++c) {
         const double a = sign * alpha[2 * i + c];
         const double high = a * y0 > a * y1 ? a * y0 : a * y1;
-        if (!(high >= second)) continue;  // below the bound at every query (or absent: NaN)
-        lines.push_back({a * x[i], a, int32_t(i), band_of(a)});
+        lines[L] = {a * x[i], a, int32_t(i), band_of(a)};
+        L += high >= second;  // else below the bound at every query (or absent: NaN)
       }
     }
-    const int64_t L = int64_t(lines.size());
+    lines.resize(L);
     if (L <= 8) {
       for (int64_t j = 0; j < n; ++j) {
         const double t = x[j];
@@ -439,7 +492,8 @@ struct EnvelopeRow {
   // in envelope(). Returns false (nothing written) when a band's hull grows
   // past kMaxSwept lines: the sorted envelope is then cheaper.
   static constexpr int64_t kMaxSwept = 24;
-  std::vector<int32_t> hull_lines, winner;
+  std::vector<int32_t> hull_lines;
+  std::vector<double> line_a, line_x, line_owner, queries, best, best_owner;
   bool swept(const double* alpha, const double* x, int64_t n, double sign, double* out, int32_t* owner) {
     const int64_t L = int64_t(lines.size());
     uint32_t count[256] = {0};
@@ -488,22 +542,22 @@ struct EnvelopeRow {
     // values is the smallest owner, as in direct().
     std::sort(hull_lines.begin(), hull_lines.end(),
               [&](int32_t p, int32_t q) { return lines[p].owner < lines[q].owner; });
-    winner.resize(n);
-    std::fill(out, out + n, -kInf);
-    std::fill(winner.begin(), winner.end(), -1);
-    for (const int32_t h : hull_lines) {
-      const double a = lines[h].intercept, xo = x[lines[h].owner];
-      const int32_t o = lines[h].owner;
-      for (int64_t j = 0; j < n; ++j) {
-        const double v = a * one_plus(xo, x[j]);
-        const bool take = v > out[j];
-        out[j] = take ? v : out[j];
-        winner[j] = take ? o : winner[j];
-      }
+    const int64_t H = int64_t(hull_lines.size()), padded = (n + kLinesPad - 1) / kLinesPad * kLinesPad;
+    line_a.resize(H), line_x.resize(H), line_owner.resize(H);
+    for (int64_t h = 0; h < H; ++h) {
+      const Line& l = lines[hull_lines[h]];
+      line_a[h] = l.intercept, line_x[h] = x[l.owner], line_owner[h] = double(l.owner);
     }
+    queries.assign(padded, 0.0), best.resize(padded), best_owner.resize(padded);
+    std::copy(x, x + n, queries.begin());
+    const BestLines best_lines = pick_best_lines();  // per row: TORCH_SEMIRING_KERNEL_ISA may change
+    best_lines(queries.data(), padded, line_a.data(), line_x.data(), line_owner.data(), H, best.data(),
+               best_owner.data());
     for (int64_t j = 0; j < n; ++j) {
-      if (winner[j] == j || out[j] == 0) out[j] = direct(alpha, x, n, j, sign, &winner[j]);
-      if (owner) owner[j] = winner[j];
+      int32_t who = int32_t(best_owner[j]);
+      out[j] = best[j];
+      if (who == j || best[j] == 0) out[j] = direct(alpha, x, n, j, sign, &who);
+      if (owner) owner[j] = who;
     }
     return true;
   }
