@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import torch_semiring as ts
+from torch_semiring import _C
 from test_generated_rules import D, F, aten, double_backward, leaf, nodes_in, readout, run_against_reference
 
 
@@ -212,6 +213,14 @@ CASES = {
 def test_family_nodes_are_registered():
     registry = ts.registered_rules()
     assert {n: registry.get(n) for n in CASES} == {n: fam for n, (fam, _) in CASES.items()}
+
+
+def test_generic_families_come_from_the_registrations():
+    """The coverage listing's generic families are those families.cpp registers (no hand-kept list):
+    every family of the tested family nodes, and none of the hand-written, generated or user ones."""
+    generic = _C.generic_families()
+    assert sorted(generic) == sorted({fam for fam, _ in CASES.values()} | {"broadcast", "placement", "pointwise"})
+    assert not {"matmul", "normalization", "attention", "generated", "user"} & set(generic)
 
 
 @pytest.mark.parametrize("node", sorted(CASES))

@@ -288,9 +288,9 @@ def _is_zero_literal(node: Node) -> bool:
 
 
 # ---------------------------------------------------------------------------
-# The rewrite: C++ over a value ``g``, using the helpers in the generated
-# preamble (gen_semiring_rules.PREAMBLE): move_each, move_masked, scale,
-# scale_top, oplus_all, oplus_sum_to, value_mm.
+# The rewrite: C++ over a value ``g``, in the operations of
+# csrc/rules/generated_support.h: weight_of, reciprocal_weight, move_each,
+# move_masked, scale, scale_top, exact_shape, oplus_all, oplus_sum_to, value_mm.
 
 
 class NotRewritable(Exception):
@@ -517,7 +517,7 @@ def rewrite(formula: str) -> Optional[Rewrite]:
 # weights from ONE call of its own backward on ones: w = backward(ones) is the
 # diagonal. The same call is exact for any formula when the node has a single
 # output element (w is then the one row of J). The generated rule
-# (``elementwise_kernel`` in the preamble) checks at run time which case holds
+# (``diagonal_rule``, csrc/rules/rule.h) checks at run time which case holds
 # and raises otherwise, so a wrong static claim cannot give a silent number.
 #
 # Which ATen functions compute element-wise is data: the ``pointwise`` tag, or

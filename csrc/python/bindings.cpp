@@ -316,6 +316,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Test support: a CUDA fused-attention node standing in on CPU tensors (rules/attention.h)");
   m.def("restore_builtin_rules", &register_builtin_rules);
   m.def("registered_rules", &registered_rules);
+  m.def("generic_families", &generic_families);
   m.def("has_rule", [](const std::string& name) { return find_rule(name) != nullptr; });
   m.def("set_log_sink", [](py::object sink) {
     if (sink.is_none()) {

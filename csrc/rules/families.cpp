@@ -5,6 +5,8 @@
 // the tables at the bottom of this file.
 #include <torch/csrc/autograd/generated/Functions.h>
 
+#include <algorithm>
+
 #include "pointwise_nodes.h"  // generated: kPointwiseNodes
 #include "rule.h"
 
@@ -22,18 +24,43 @@ std::vector<Tensor> ones_where_defined(const RuleContext& ctx, const std::vector
   return ones;
 }
 
-// ---- pointwise: diagonal Jacobian -------------------------------------------
+}  // namespace
+
+// ---- pointwise: diagonal Jacobian (rule.h) ---------------------------------------
 // The node's own backward applied to ones is the diagonal of its Jacobian, at
 // the broadcast shape (the engine ⊕-reduces broadcast dims afterwards).
-std::vector<Tensor> pointwise_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
-  TORCH_CHECK(grads.size() == 1, "torch_semiring: the pointwise rule expects one output, ", ctx.node.name(),
-              " has ", grads.size(), "; register a specific rule for it");
-  auto diagonal = ctx.call_backward(ones_where_defined(ctx, grads));
-  std::vector<Tensor> out(diagonal.size());
-  for (size_t i = 0; i < diagonal.size(); ++i)
-    if (ctx.needs(i) && diagonal[i].defined()) out[i] = ctx.semiring.otimes_edge(grads[0], diagonal[i]);
+std::vector<Tensor> diagonal_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  std::vector<Tensor> out(ctx.node.num_outputs());
+  const Tensor& g = grads[0];
+  for (size_t j = 1; j < grads.size(); ++j)
+    TORCH_CHECK(!grads[j].defined(), "torch_semiring: ", ctx.node.name(), " has a value arriving at its output ",
+                j, ", which its diagonal (element-wise) rule does not read; register a rule with "
+                "ts.register_rule");
+  if (!g.defined()) return out;
+  std::vector<Tensor> ones(grads.size());
+  const auto O = ctx.output_shape(0);
+  ones[0] = at::ones(O, ctx.output_options(0));
+  auto w = ctx.call_backward(std::move(ones));
+  const bool single = c10::multiply_integers(O) == 1;
+  const Tensor v = single ? g.reshape({g.size(0)}) : g;
+  for (size_t i = 0; i < w.size() && i < out.size(); ++i) {
+    if (!ctx.needs(i) || !w[i].defined()) continue;
+    const auto I = ctx.input_shape(i);
+    const auto W = w[i].sizes().vec();
+    const bool exact = single ? W == I : (W == O && at::is_expandable_to(I, O));
+    TORCH_CHECK(exact, "torch_semiring: element-wise rule of ", ctx.node.name(), ": backward weights of shape ",
+                at::IntArrayRef(W), " for input ", i, " of shape ", at::IntArrayRef(I), " and output of shape ",
+                at::IntArrayRef(O), " are not one edge per element pair; register a rule with ts.register_rule");
+    out[i] = ctx.semiring.otimes_edge(v, w[i].scalar_type() == v.scalar_type() ? w[i] : w[i].to(v.scalar_type()));
+  }
   return out;
 }
+
+Tensor zero_where_unreached(const Semiring& sr, const Tensor& moved, const Tensor& reached) {
+  return at::where(reached != 0, moved, sr.zero(reached.sizes(), moved.options()));
+}
+
+namespace {
 
 // ---- placement: every input element takes the value of at most one output
 // element, with weight 1 (views, permutations, slices, cat/split, scatter of
@@ -57,8 +84,7 @@ std::vector<Tensor> place(const RuleContext& ctx, const std::vector<Tensor>& gra
     std::vector<Tensor> comps;
     for (int64_t c = 0; c < C; ++c) comps.push_back(moved[c][i]);
     out[i] = at::stack(comps);
-    if (!reached.empty())
-      out[i] = at::where(reached[i] != 0, out[i], sr.zero(reached[i].sizes(), out[i].options()));
+    if (!reached.empty()) out[i] = zero_where_unreached(sr, out[i], reached[i]);
   }
   return out;
 }
@@ -384,8 +410,17 @@ void register_normalization_rules();   // normalization.cpp
 void register_attention_rules();       // attention.cpp
 void register_generated_rules();       // build/generated/generated_rules.cpp (tools/gen_semiring_rules.py)
 
+namespace {
+std::vector<std::string>& generic_family_names() {
+  static std::vector<std::string> names;
+  return names;
+}
+}  // namespace
+
+const std::vector<std::string>& generic_families() { return generic_family_names(); }
+
 void register_builtin_rules() {
-  for (const char* name : kPointwiseNodes) register_rule(name, pointwise_rule, "pointwise");
+  for (const char* name : kPointwiseNodes) register_rule(name, diagonal_rule, "pointwise");
   for (const char* name : kBijective) register_rule(name, bijective_rule, "placement");
   for (const char* name : kInjective) register_rule(name, injective_rule, "placement");
   register_rule("ExpandBackward0", broadcast_rule, "broadcast");
@@ -463,6 +498,12 @@ void register_builtin_rules() {
   register_rule("MultilabelMarginLossBackward0", reduction_rule(reduced_by_nll_loss<MultilabelMarginLossBackward0>),
                 "reduction");
   register_rule("EmbeddingBackward0", selection_rule(embedding_positions, embedding_weights), "selection");
+  // Everything registered so far is a family of this file.
+  auto& generic = generic_family_names();
+  generic.clear();
+  for (const auto& [node, family] : registered_rules())
+    if (std::find(generic.begin(), generic.end(), family) == generic.end()) generic.push_back(family);
+  std::sort(generic.begin(), generic.end());
 
   register_linear_algebra_rules();
   register_softmax_rules();

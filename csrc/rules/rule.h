@@ -81,5 +81,21 @@ const RuleEntry& stock_backward_rule();
 
 // Registers the built-in rule families (called once at import).
 void register_builtin_rules();
+// The families register_builtin_rules defines by a Jacobian's structure
+// (pointwise, placement, …), for the coverage listing.
+const std::vector<std::string>& generic_families();
+
+// Rules and helpers shared by the families and the generated rules
+// (families.cpp):
+// - diagonal_rule: a node whose Jacobian is diagonal at the broadcast shape
+//   (the pointwise family; generated nodes whose formulas are element-wise
+//   kernels of grad): its own backward applied to ones IS every edge weight;
+//   for a node with one output element the same call gives the one row of J.
+//   Anything else (weights of another shape, values at a second output)
+//   raises instead of guessing.
+// - zero_where_unreached: a moved value whose unreached positions (where
+//   moving ones gave a numeric 0: no edge) hold the semiring zero.
+std::vector<at::Tensor> diagonal_rule(const RuleContext& ctx, const std::vector<at::Tensor>& grads);
+at::Tensor zero_where_unreached(const Semiring& semiring, const at::Tensor& moved, const at::Tensor& reached);
 
 }  // namespace torch_semiring
