@@ -13,13 +13,15 @@ Tensor as_weight_for(const Tensor& v, const Tensor& w) {
 }
 }  // namespace
 
+// A number becomes a 0-dim CPU tensor on purpose: ATen combines it with a
+// value on any device as a scalar (no copy), as it does with C++ numbers.
 Tensor weight_of(const Tensor& t) { return t; }
-Tensor weight_of(const at::Scalar& s) { return at::scalar_tensor(s, at::kDouble); }
-Tensor weight_of(const c10::SymInt& s) { return at::scalar_tensor(s.expect_int(), at::kDouble); }
-Tensor weight_of(double s) { return at::scalar_tensor(s, at::kDouble); }
-Tensor weight_of(int64_t s) { return at::scalar_tensor(s, at::kDouble); }
-Tensor weight_of(int s) { return at::scalar_tensor(s, at::kDouble); }
-Tensor weight_of(float s) { return at::scalar_tensor(s, at::kDouble); }
+Tensor weight_of(const at::Scalar& s) { return at::scalar_tensor(s, at::TensorOptions(at::kDouble).device(at::kCPU)); }
+Tensor weight_of(const c10::SymInt& s) { return weight_of(at::Scalar(s.expect_int())); }
+Tensor weight_of(double s) { return weight_of(at::Scalar(s)); }
+Tensor weight_of(int64_t s) { return weight_of(at::Scalar(s)); }
+Tensor weight_of(int s) { return weight_of(at::Scalar(int64_t(s))); }
+Tensor weight_of(float s) { return weight_of(at::Scalar(double(s))); }
 Tensor reciprocal_weight(const Tensor& w) { return w.to(at::kDouble).reciprocal(); }
 
 Tensor scale(const RuleContext& ctx, const Tensor& v, const Tensor& w) {
