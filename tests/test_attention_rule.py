@@ -8,7 +8,8 @@ ties and exact zeros, output weights with zeros and subnormals. The CPU fused
 kernel requires one head dim for query, key and value (torch sends D ≠ E to
 the math path, checked below), so D = E here. Larger problems run in small
 blocks of query rows (TORCH_SEMIRING_ATTENTION_BLOCK) to cover the blocked and
-causal-cut paths of the rule.
+causal-cut paths of the rule, and heads in chunks (TORCH_SEMIRING_ATTENTION_CHUNK)
+to cover the rule's bounded-memory loop over (batch, key/value head) entries.
 """
 from __future__ import annotations
 
@@ -106,6 +107,29 @@ def test_larger_problem_in_blocks(semiring, mask, monkeypatch):
     # one or two query rows, so causal blocks see only their first keys.
     monkeypatch.setenv("TORCH_SEMIRING_ATTENTION_BLOCK", "300")
     check(semiring, *attention_case(1, 1, 2, 16, 16, 8, mask=mask, seed=5))
+
+
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+@pytest.mark.parametrize("mask", ["causal", "bool_row_masked", "per_head"])
+@pytest.mark.parametrize("chunk", ["1", "130", "190"])
+def test_heads_taken_in_chunks(semiring, mask, chunk, monkeypatch):
+    # 2 batches x 2 key/value heads, 2 query heads each (R = 10 rows, S = 6 keys): chunks of one,
+    # two and three (batch, key/value head) entries (the last one short), so P and the per-head blocks
+    # are made a chunk at a time; "per_head": a float mask that differs per batch and head.
+    monkeypatch.setenv("TORCH_SEMIRING_ATTENTION_CHUNK", chunk)
+    if mask != "per_head":
+        check(semiring, *attention_case(2, 2, 2, 5, 6, 3, mask=mask, seed=7))
+        return
+    gen = torch.Generator().manual_seed(8)
+    q = torch.randn(2, 4, 5, 3, generator=gen, dtype=D).requires_grad_()
+    k, v = (torch.randn(2, 2, 6, 3, generator=gen, dtype=D).requires_grad_() for _ in range(2))
+    bias = torch.randn(2, 4, 5, 6, generator=gen, dtype=D)
+    bias[torch.rand(2, 4, 5, 6, generator=gen) < 0.3] = -math.inf
+    bias[1, 2, 3] = -math.inf  # a fully masked row in one head of one batch
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+    assert out.grad_fn.name() == NODE
+    weights = torch.randn(out.numel(), generator=gen, dtype=D)
+    check(semiring, [out.reshape(-1) * weights], [q, k, v])
 
 
 @pytest.mark.parametrize("semiring", SEMIRING_NAMES)

@@ -92,6 +92,14 @@ int64_t block_elements() {
   return int64_t(1) << 16;
 }
 
+// Elements of P (query rows × keys, summed over heads) per chunk of heads the
+// rule takes at a time: bounds its peak memory. TORCH_SEMIRING_ATTENTION_CHUNK
+// overrides it (tests use one head per chunk).
+int64_t chunk_elements() {
+  if (const char* forced = std::getenv("TORCH_SEMIRING_ATTENTION_CHUNK")) return std::max<int64_t>(1, std::atoll(forced));
+  return int64_t(1) << 19;  // 2 MiB of float32 P
+}
+
 // The operands of Y and Q, per key/value head b, j with its R = group·T query
 // rows (row i·T + t: query t of the group's i-th head), in the values' dtype.
 struct ValueBlockOperands {
@@ -232,36 +240,63 @@ std::vector<Tensor> sdpa_rule(const RuleContext& ctx, const std::vector<Tensor>&
   const auto vtype = g_in.scalar_type();
   const auto wtype = at::promote_types(at::toOpMathType(q.scalar_type()), vtype);
   auto as_weight = [&](const Tensor& t) { return t.to(wtype); };
-  // Query rows of a key/value head's group side by side: (B, Hkv, R, ·).
-  auto rows = [&](const Tensor& t) { return t.reshape({B, Hkv, R, t.size(-1)}); };
+  // Query rows of a key/value head's group side by side, every (batch, key/value
+  // head) pair one entry of a leading dim: (B·Hkv, 1, R, ·) — (b, j) is entry b·Hkv + j.
+  const int64_t BH = B * Hkv;
+  auto rows = [&](const Tensor& t) { return t.reshape({BH, 1, R, t.size(-1)}); };
   auto qr = rows(as_weight(q));
-  auto g = g_in.reshape({C, B, Hkv, R, D});
+  auto kh = as_weight(k).reshape({BH, 1, S, E}), vh = v.to(vtype).reshape({BH, 1, S, D});
+  auto outr = rows(out.to(vtype));
+  auto lser = lse.reshape({BH, 1, R});
+  auto g = g_in.reshape({C, BH, 1, R, D});
+  // The mask stays a broadcast view (B, Hkv, group, T, S); a chunk's rows are made per chunk.
+  Tensor mask5;
+  if (mask.defined()) mask5 = mask.expand({B, H, T, S}).view({B, Hkv, group, T, S});
+  Tensor future;
+  if (saved.causal) future = at::ones({T, S}, q.options().dtype(at::kBool)).triu(1).repeat({group, 1});
 
-  // P (B, Hkv, R, S), as the stock backward recomputes it.
-  auto scores = at::matmul(qr, as_weight(k).transpose(-1, -2)).mul_(scale);
-  const double ninf = -std::numeric_limits<double>::infinity();
-  if (mask.defined()) {
-    auto m = mask.expand({B, H, T, S}).reshape({B, Hkv, R, S});
-    scores = m.scalar_type() == at::kBool ? scores.masked_fill_(m.logical_not(), ninf) : scores.add_(m.to(wtype));
+  // Results by the same entries: q (C, B, H, T, E) = (C, B·Hkv, R, E); k, v (C, B·Hkv, S, ·).
+  Tensor q_value, k_value, v_value;
+  if (ctx.needs(0)) q_value = at::empty({C, BH, R, E}, g_in.options());
+  if (ctx.needs(1)) k_value = at::empty({C, BH, S, E}, g_in.options());
+  if (ctx.needs(2)) v_value = at::empty({C, BH, S, D}, g_in.options());
+
+  // A few heads at a time: P and the per-head blocks (R·S elements a head,
+  // C-fold for the values) of one chunk are all that is alive, instead of
+  // every head's at once — at 512 tokens 12 heads' P alone are 12 MiB.
+  const int64_t heads = std::max<int64_t>(1, chunk_elements() / std::max<int64_t>(R * S, 1));
+  for (int64_t h0 = 0; h0 < BH; h0 += heads) {
+    const int64_t n = std::min(heads, BH - h0);
+    auto part = [&](const Tensor& t, int64_t dim = 0) { return t.narrow(dim, h0, n); };
+    // P (n, 1, R, S), as the stock backward recomputes it.
+    auto scores = at::matmul(part(qr), part(kh).transpose(-1, -2)).mul_(scale);
+    const double ninf = -std::numeric_limits<double>::infinity();
+    if (mask5.defined()) {
+      std::vector<Tensor> entries;
+      for (int64_t e = h0; e < h0 + n; ++e) entries.push_back(mask5[e / Hkv][e % Hkv]);
+      auto m = at::stack(entries).reshape({n, 1, R, S});
+      scores = m.scalar_type() == at::kBool ? scores.masked_fill_(m.logical_not(), ninf) : scores.add_(m.to(wtype));
+    }
+    if (future.defined()) scores.masked_fill_(future, ninf);
+    auto P = scores.sub_(as_weight(part(lser)).unsqueeze(-1)).exp_().to(vtype);
+    auto gc = part(g, 1);
+
+    if (ctx.needs(2))  // v: ⊕ over the group's query rows of g ⊗ lift(P)
+      part(v_value, 1).copy_(sr.matmul(gc.transpose(-1, -2), P).transpose(-1, -2).squeeze(2));
+    if (!ctx.needs(0) && !ctx.needs(1)) continue;
+
+    ValueBlockOperands x{gc, part(vh), part(outr), P, (part(kh) * scale).to(vtype), T, saved.causal};
+    Tensor X, Q;
+    if (!kernels::attention_value_blocks(sr, x.g, x.v, x.out, x.P, x.k, T, x.causal, ctx.needs(1), ctx.needs(0),
+                                         block_elements(), X, Q))
+      value_blocks_by_parts(sr, x, ctx.needs(1), ctx.needs(0), X, Q);
+    if (ctx.needs(0)) part(q_value, 1).copy_(Q.squeeze(2));
+    if (ctx.needs(1))  // k: ⊕ over the group's query rows of X ⊗ lift(scale·q)
+      part(k_value, 1).copy_(sr.matmul(X.transpose(-1, -2), (part(qr) * scale).to(vtype)).squeeze(2));
   }
-  if (saved.causal) {
-    auto future = at::ones({T, S}, q.options().dtype(at::kBool)).triu(1).repeat({group, 1});
-    scores.masked_fill_(future, ninf);
-  }
-  auto P = scores.sub_(rows(as_weight(lse).unsqueeze(-1))).exp_().to(vtype);
-
-  if (ctx.needs(2))  // v: ⊕ over the group's query rows of g ⊗ lift(P)
-    result[2] = sr.matmul(g.transpose(-1, -2), P).transpose(-1, -2);
-  if (!ctx.needs(0) && !ctx.needs(1)) return result;
-
-  ValueBlockOperands x{g, v.to(vtype), rows(out.to(vtype)), P, (k * scale).to(vtype), T, saved.causal};
-  Tensor X, Q;
-  if (!kernels::attention_value_blocks(sr, x.g, x.v, x.out, x.P, x.k, T, x.causal, ctx.needs(1), ctx.needs(0),
-                                       block_elements(), X, Q))
-    value_blocks_by_parts(sr, x, ctx.needs(1), ctx.needs(0), X, Q);
-  if (ctx.needs(0)) result[0] = Q.reshape({C, B, H, T, E});
-  if (ctx.needs(1))  // k: ⊕ over the group's query rows of X ⊗ lift(scale·q)
-    result[1] = sr.matmul(X.transpose(-1, -2), (qr * scale).to(vtype));
+  if (ctx.needs(0)) result[0] = q_value.reshape({C, B, H, T, E});
+  if (ctx.needs(1)) result[1] = k_value.reshape({C, B, Hkv, S, E});
+  if (ctx.needs(2)) result[2] = v_value.reshape({C, B, Hkv, S, D});
   return result;
 }
 
