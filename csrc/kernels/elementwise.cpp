@@ -78,6 +78,17 @@ Loop pick_loop(Fused op, bool pair, int64_t components) {
   return portable::pick<T>(op, pair, components);
 }
 
+using ShiftedRow = void (*)(const double*, double, double*, int64_t);
+template <bool Log>
+ShiftedRow pick_shifted_row() {
+  const std::string isa = kernel_isa();
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa == "avx512") return &avx512::shifted_row<Log>;
+  if (isa == "avx2") return &avx2::shifted_row<Log>;
+#endif
+  return &portable::shifted_row<Log>;
+}
+
 bool applies(const std::vector<at::Tensor>& operands) {
   const auto dtype = operands[0].scalar_type();
   if (dtype != at::kFloat && dtype != at::kDouble) return false;
@@ -169,6 +180,9 @@ bool kmax_reduce_rows(const T* a, int64_t a_c, const std::vector<int64_t>& kept,
 }
 
 }  // namespace
+
+void exp_shifted(const double* a, double shift, double* out, int64_t n) { pick_shifted_row<false>()(a, shift, out, n); }
+void log_shifted(const double* a, double shift, double* out, int64_t n) { pick_shifted_row<true>()(a, shift, out, n); }
 
 at::Tensor kmax_reduce(const at::Tensor& a, at::IntArrayRef dims, int64_t k, bool with_ids) {
   if (k < 1 || !a.defined() || a.dim() < 1 || a.size(0) != (with_ids ? 2 * k : k) || !applies({a})) return {};

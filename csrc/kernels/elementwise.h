@@ -48,6 +48,12 @@ at::Tensor fused_pair(Fused op, const at::Tensor& a, const at::Tensor& b);
 // where any score is NaN (the generic selection decides what NaN means).
 at::Tensor kmax_reduce(const at::Tensor& a, at::IntArrayRef dims, int64_t k, bool with_ids);
 
+// Rows of doubles (the per-row work of norm_rows): out[i] = e^{a[i] − shift}
+// and out[i] = shift + log a[i], vectorised (vmath: ≤ 2 ulp, the special
+// values of exp and log).
+void exp_shifted(const double* a, double shift, double* out, int64_t n);
+void log_shifted(const double* a, double shift, double* out, int64_t n);
+
 // Path tracking's id bookkeeping (provenance.h) on a value v (2E, *S) — E
 // scores, then E ids, exact integers (the engine checks they fit the dtype,
 // so every order of the arithmetic gives the same ids). One pass writing a

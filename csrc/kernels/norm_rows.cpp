@@ -24,6 +24,7 @@
 
 #include "kernels/cpu_gemm.h"  // kernel_isa
 #include "kernels/cpu_vectors.h"  // VecOf, for vector_math.h
+#include "kernels/elementwise.h"  // exp_shifted, log_shifted
 
 namespace torch_semiring::kernels {
 
@@ -914,13 +915,13 @@ at::Tensor logsumexp_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
       std::fill(o[0], o[0] + n, -kInf);
       return;
     }
-    for (int64_t i = 0; i < n; ++i) A[i] = std::exp(ar[i] - sc.top);
+    exp_shifted(ar, sc.top, A.data(), n);
     const double* wv[] = {A.data()};
     double* ov[] = {S.data()};
     row.run(xr, n, wv, ov, false);
+    log_shifted(S.data(), sc.top, o[0], n);
     for (int64_t j = 0; j < n; ++j)
-      o[0][j] = suspect(S[j], n, sc.xmax, xr[j]) ? exact_log_sum(ar, nullptr, xr, n, j).first
-                                                 : sc.top + std::log(S[j]);
+      if (suspect(S[j], n, sc.xmax, xr[j])) o[0][j] = exact_log_sum(ar, nullptr, xr, n, j).first;
   });
   return out.empty() ? at::Tensor() : out[0];
 }
@@ -945,10 +946,8 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
       std::fill(oh, oh + n, 0.0);
       return;
     }
-    for (int64_t i = 0; i < n; ++i) {
-      A[i] = std::exp(lr[i] - sc.top);
-      Ah[i] = A[i] == 0 ? 0.0 : A[i] * hr[i];
-    }
+    exp_shifted(lr, sc.top, A.data(), n);
+    for (int64_t i = 0; i < n; ++i) Ah[i] = A[i] == 0 ? 0.0 : A[i] * hr[i];
     const double* wv[] = {A.data(), Ah.data()};
     double* ov[] = {Z.data(), Q.data()};
     row.run(xr, n, wv, ov, false);
@@ -963,12 +962,12 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
       phi_double(xd.data(), A.data(), F.data(), n);
     }
     // R = Σ A|y|(h − log|y|) = Q − F;  ℓ = top + log Z,  h = R/Z.
+    log_shifted(Z.data(), sc.top, ol, n);
     for (int64_t j = 0; j < n; ++j) {
       if (suspect(Z[j], n, sc.xmax, xr[j])) {
         auto e = exact_log_sum(lr, hr, xr, n, j);
         ol[j] = e.first, oh[j] = e.second;
       } else {
-        ol[j] = sc.top + std::log(Z[j]);
         oh[j] = (Q[j] - F[j]) / Z[j];
       }
     }
@@ -985,9 +984,9 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
                        [&, n](int64_t r, const double* const* in, double* const* o) {
     thread_local EnvelopeRow env;
     thread_local std::vector<int32_t> who_buffer;
-    thread_local std::vector<double> alpha, best;
+    thread_local std::vector<double> alpha, best, linear;
     const double *wr = in[0], *xr = in[1];
-    who_buffer.resize(n), alpha.resize(2 * n), best.resize(n);
+    who_buffer.resize(n), alpha.resize(2 * n), best.resize(n), linear.resize(n);
     int32_t* who = pwin ? pwin + r * n : who_buffer.data();
     RowScale sc{0.0, 0.0};
     if (log_space) {
@@ -999,20 +998,22 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
       }
     }
     const double nan = std::numeric_limits<double>::quiet_NaN();
+    const double* lin = wr;  // linear-space weights
+    if (log_space) exp_shifted(wr, sc.top, linear.data(), n), lin = linear.data();
     for (int64_t i = 0; i < n; ++i) {
-      const double v = log_space ? std::exp(wr[i] - sc.top) : wr[i];
+      const double v = lin[i];
       alpha[2 * i] = v > 0 ? v : nan;  // weight 0: no path through i
       alpha[2 * i + 1] = v > 0 ? -v : nan;
     }
     env.new_row(xr, n);
     env.best_of(alpha.data(), 1.0, best.data(), who);
+    if (log_space) log_shifted(best.data(), sc.top, o[0], n);
     for (int64_t j = 0; j < n; ++j) {
       if (!log_space) {
         if (!(best[j] > 0)) best[j] = 0.0, who[j] = -1;  // no edge: the zero of max_abs
         o[0][j] = best[j];
-      } else {
-        o[0][j] = suspect(best[j], n, sc.xmax, xr[j]) ? exact_log_max(wr, xr, n, j, &who[j])
-                                                      : sc.top + std::log(best[j]);
+      } else if (suspect(best[j], n, sc.xmax, xr[j])) {
+        o[0][j] = exact_log_max(wr, xr, n, j, &who[j]);
       }
     }
   });
@@ -1063,9 +1064,10 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
     thread_local RadixSorter sorter;
     thread_local std::vector<int32_t> by_query, tags;
     thread_local std::vector<TopCandidates::Candidate> candidates;
-    thread_local std::vector<double> best;
+    thread_local std::vector<double> best, linear, logs;
     thread_local std::vector<std::pair<double, int32_t>> exact;
-    by_query.resize(n), tags.resize(K * n), best.resize(K * n), exact.resize(K * n);
+    by_query.resize(n), tags.resize(K * n), best.resize(K * n), exact.resize(K * n), linear.resize(K * n),
+        logs.resize(K * n);
     const double* xr = in[K];
     auto score = [&](int64_t c, int64_t i) { return in[c][i]; };
     auto put = [&](int64_t c, int64_t j, double v, int32_t tag) {
@@ -1079,16 +1081,18 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
         for (int64_t j = 0; j < n; ++j) put(c, j, -kInf, -1);
       return;
     }
+    for (int64_t c = 0; c < K; ++c) exp_shifted(in[c], top_score, linear.data() + c * n, n);
     candidates.clear();
     for (int64_t i = 0; i < n; ++i)
       for (int64_t c = 0; c < K; ++c) {
-        const double v = std::exp(score(c, i) - top_score);
+        const double v = linear[c * n + i];
         if (!(v > 0)) break;  // scores descend: the rest are no paths (or underflow, see below)
         candidates.push_back({v, xr[i], int32_t(i), int32_t(i * K + c)});
       }
     sorter.sort(xr, n, by_query.data());
     top.run(candidates, /*abs_lines=*/true, K, K, xr, n, by_query.data(), std::numeric_limits<int64_t>::max(),
             best.data(), tags.data());
+    log_shifted(best.data(), top_score, logs.data(), K * n);
     for (int64_t j = 0; j < n; ++j) {
       const double t = xr[j];
       // Underflow guard: the K-th slot may miss candidates whose e^{a − top}
@@ -1105,7 +1109,7 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
                           [](const auto& p, const auto& q) { return p.first > q.first; });
         for (int64_t c = 0; c < K; ++c) put(c, j, c < m ? exact[c].first : -kInf, c < m ? exact[c].second : -1);
       } else {
-        for (int64_t c = 0; c < K; ++c) put(c, j, top_score + std::log(best[c * n + j]), tags[c * n + j]);
+        for (int64_t c = 0; c < K; ++c) put(c, j, logs[c * n + j], tags[c * n + j]);
       }
     }
   });
