@@ -4,13 +4,17 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_function.h>
+#include <torch/csrc/autograd/python_hook.h>
 #include <torch/extension.h>
 
+#include <cstring>
 #include <optional>
+#include <typeinfo>
 #include <unordered_map>
 #include <algorithm>
 
 #include "../engine/engine.h"
+#include "../engine/node_hooks.h"
 #include "../hooks/engine_hooks.h"
 #include "../kernels/cpu_gemm.h"
 #include "../kernels/device_gemm.h"
@@ -92,6 +96,14 @@ c10::intrusive_ptr<Node> node_from_py(py::handle h) {
 
 py::object node_to_py(const c10::intrusive_ptr<Node>& n) {
   return py::reinterpret_steal<py::object>(torch::autograd::functionToPyObject(n));
+}
+
+// Whether *p's dynamic type is the one with this mangled name. libtorch_python
+// does not export the type_info of its hook and metadata classes, so
+// dynamic_cast to them cannot link; the dynamic type's own name can be read.
+template <class T>
+bool is_exactly(const T* p, const char* mangled) {
+  return p && std::strcmp(typeid(*p).name(), mangled) == 0;
 }
 
 std::vector<Edge> edges_from_py(const std::vector<std::pair<py::object, uint32_t>>& pairs) {
@@ -260,6 +272,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     python_rule_names().clear();
     shadowed_rules().clear();
     set_log_sink(nullptr);
+    set_hook_namer(nullptr);
   });
   // The SIMD kernels' extras that the semiring interface has no place for:
   // argmax provenance for path extraction, and which ISA runs (for tests).
@@ -317,6 +330,28 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("restore_builtin_rules", &register_builtin_rules);
   m.def("registered_rules", &registered_rules);
   m.def("has_rule", [](const std::string& name) { return find_rule(name) != nullptr; });
+  // namer(hooks_dict) -> str names the Python hooks behind a refused hook
+  // (node_hooks.h): the dict of one Python hook object of the autograd node.
+  m.def("set_hook_namer", [](py::object namer) {
+    if (namer.is_none()) return set_hook_namer(nullptr);
+    set_hook_namer([namer](const torch::autograd::FunctionPreHook* pre,
+                           const torch::autograd::FunctionPostHook* post) -> std::string {
+      PyObject* dict = nullptr;
+      if (is_exactly(pre, "N5torch8autograd23PyFunctionTensorPreHookE"))
+        dict = static_cast<const torch::autograd::PyFunctionTensorPreHook*>(pre)->dict;
+      else if (is_exactly(pre, "N5torch8autograd17PyFunctionPreHookE"))
+        dict = static_cast<const torch::autograd::PyFunctionPreHook*>(pre)->dict;
+      else if (is_exactly(post, "N5torch8autograd18PyFunctionPostHookE"))
+        dict = static_cast<const torch::autograd::PyFunctionPostHook*>(post)->dict;
+      if (!dict) return "";
+      py::gil_scoped_acquire gil;
+      try {
+        return namer(py::reinterpret_borrow<py::object>(dict)).cast<std::string>();
+      } catch (py::error_already_set&) {
+        return "";
+      }
+    });
+  });
   m.def("set_log_sink", [](py::object sink) {
     if (sink.is_none()) {
       set_log_sink(nullptr);

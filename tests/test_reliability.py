@@ -1,0 +1,240 @@
+"""Reliability (issue 17): hooks in every semiring, NaN behind edges of weight 0,
+`real` bit for bit with three or more consumers, memory after zero_grad,
+all-or-nothing passes under exceptions and interrupts, deep graphs freed.
+"""
+from __future__ import annotations
+
+import gc
+import inspect
+import math
+import os
+import random
+import subprocess
+import sys
+import textwrap
+import weakref
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_semiring as ts
+from reference import brute_force_values, reference_values
+from test_reference import assert_values_equal
+
+D = torch.float64
+NON_REAL = ["abs", "count", "log", "max_abs", "viterbi", "max_prod", "entropy", "kmax"]
+
+
+def leaf(values):
+    return torch.tensor(values, dtype=D, requires_grad=True)
+
+
+def identical(a, b):
+    """Bit for bit, NaN where NaN (entropy reads out "no path" as NaN)."""
+    torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
+    return True
+
+
+def readout_of(semiring, outputs, inputs, **kw):
+    params = {"k": 3} if semiring == "kmax" else {}
+    return ts.grad(outputs, inputs, semiring=semiring, retain_graph=True, **params, **kw)
+
+
+# ---- 1. hooks ----------------------------------------------------------------------------
+
+
+def hooked_graph():
+    """A graph with every kind of hook, each of which changes the gradient."""
+    x, w = leaf([0.5, -1.5, 2.0]), leaf([1.25, 3.0, -0.75])
+    h = x * w
+    h.register_hook(lambda g: g * 10)  # tensor hook on a non-leaf
+    u = h.sin()
+    u.grad_fn.register_prehook(lambda grad_outputs: (grad_outputs[0] + 1,))  # node pre-hook
+    u.grad_fn.register_hook(lambda grad_inputs, grad_outputs: (grad_inputs[0] * -2,))  # node post-hook
+    x.register_hook(lambda g: g - 0.125)  # tensor hook on a leaf (on its AccumulateGrad)
+    out = (u * u + h).sum()
+    return out, x, w
+
+
+def test_real_grad_honours_every_hook_bit_for_bit():
+    out, x, w = hooked_graph()
+    expected = torch.autograd.grad(out, (x, w), retain_graph=True)
+    got = ts.grad(out, (x, w), semiring="real", retain_graph=True)
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+    # the hooks did change the values: without them the gradient differs
+    x2, w2 = x.detach().requires_grad_(), w.detach().requires_grad_()
+    plain = torch.autograd.grad((((x2 * w2).sin() ** 2) + x2 * w2).sum(), (x2, w2))
+    assert not torch.equal(plain[0], got[0])
+
+
+def test_real_backward_honours_hooks_retain_grad_and_post_accumulate_hooks():
+    def run(semiring_mode):
+        out, x, w = hooked_graph()
+        mid = x * 2
+        mid.retain_grad()
+        seen = []
+        x.register_post_accumulate_grad_hook(lambda t: seen.append(t.grad.clone()))
+        loss = out + (mid * w).sum()
+        if semiring_mode:
+            with ts.semiring("real"):
+                loss.backward()
+        else:
+            loss.backward()
+        return x.grad, w.grad, mid.grad, seen
+
+    stock, ours = run(False), run(True)
+    for a, b in zip(stock[:3], ours[:3]):
+        assert torch.equal(a, b)
+    assert len(stock[3]) == len(ours[3]) == 1 and torch.equal(stock[3][0], ours[3][0])
+
+
+def guided_mlp():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.ReLU(), torch.nn.Linear(6, 3), torch.nn.ReLU(),
+                                torch.nn.Linear(3, 1)).double()
+    return model
+
+
+def test_real_module_full_backward_hooks_that_modify_grad_input_equal_stock():
+    """Captum's GuidedBackprop pattern: ReLU modules' full backward hooks clamp grad_input."""
+    model = guided_mlp()
+    handles = []
+    for m in model.modules():
+        if isinstance(m, torch.nn.ReLU):
+            handles.append(m.register_full_backward_hook(lambda mod, gin, gout: tuple(
+                None if g is None else F.relu(g) for g in gin)))
+            handles.append(m.register_full_backward_pre_hook(lambda mod, gout: tuple(g * 1.5 for g in gout)))
+    x = torch.randn(5, 4, dtype=D, requires_grad=True)
+    y = model(x).sum()
+    (expected,) = torch.autograd.grad(y, x, retain_graph=True)
+    (got,) = ts.grad(y, x, semiring="real", retain_graph=True)
+    assert torch.equal(expected, got)
+    for h in handles:
+        h.remove()
+    (plain,) = torch.autograd.grad(model(x).sum(), x)
+    assert not torch.equal(plain, got)  # the hooks changed the values
+
+
+@pytest.mark.parametrize("semiring", NON_REAL)
+def test_module_backward_hooks_pass_values_through_and_observe_readouts(semiring):
+    model = guided_mlp()
+    x = torch.randn(2, 4, dtype=D, requires_grad=True)
+    expected = readout_of(semiring, model(x).sum(), x)[0]  # no hooks
+    reference = reference_values(model(x).sum(), [x], semiring, k=3)[0]
+    assert_values_equal(expected, reference, semiring, "without hooks")
+    calls = []
+    first = model[0]
+    first.register_full_backward_hook(lambda mod, gin, gout: calls.append((gin, gout)))
+    first.register_full_backward_pre_hook(lambda mod, gout: calls.append(("pre", gout)))
+    y = model(x).sum()
+    (got,) = readout_of(semiring, y, x)
+    assert identical(got, expected)
+    # the hooks saw readouts: grad_input of the first layer is the readout at x
+    pre = [c for c in calls if c[0] == "pre"]
+    post = [c for c in calls if c[0] != "pre"]
+    assert len(pre) == 1 and len(post) == 1
+    assert identical(post[0][0][0], got)
+    h = first(x)
+    (at_h,) = readout_of(semiring, model[1:](h).sum(), h)
+    assert identical(pre[0][1][0], at_h)
+
+
+@pytest.mark.parametrize("semiring", NON_REAL)
+def test_observing_tensor_and_node_hooks_see_readouts(semiring):
+    x, w = leaf([0.5, -1.5, 2.0]), leaf([1.25, 3.0, -0.75])
+    h = x * w
+    seen = {}
+    h.register_hook(lambda g: seen.setdefault("tensor", g))
+    x.register_hook(lambda g: seen.setdefault("leaf", g))
+    u = h.sin()
+    u.grad_fn.register_prehook(lambda go: seen.update(pre=go[0]))  # dict.update returns None
+    u.grad_fn.register_hook(lambda gi, go: seen.update(post=gi[0]))
+    out = (u * u + h).sum()
+    gx, gh = readout_of(semiring, out, [x, h])
+    assert set(seen) == {"tensor", "leaf", "pre", "post"}
+    assert identical(seen["tensor"], gh) and identical(seen["leaf"], gx)
+    (gu,) = readout_of(semiring, out, u)
+    assert identical(seen["pre"], gu)
+    assert seen["post"].shape == gh.shape
+
+
+def doubling_hook(g):
+    return g * 2
+
+
+@pytest.mark.parametrize("semiring", NON_REAL)
+def test_a_hook_that_changes_a_semiring_value_is_refused_by_name(semiring):
+    x = leaf([1.0, 2.0])
+    x.grad = torch.full((2,), 7.0, dtype=D)
+    h = x.exp()
+    h.register_hook(doubling_hook)
+    with pytest.raises(RuntimeError, match=r"tensor hook.*doubling_hook.*semiring='real'"):
+        readout_of(semiring, (h * 3).sum(), x)
+    if semiring != "kmax":
+        with pytest.raises(RuntimeError, match="doubling_hook"), ts.semiring(semiring):
+            (h * 3).sum().backward()
+        assert x.grad.tolist() == [7.0, 7.0]  # untouched
+    assert ts.get_semiring() is None
+
+
+def test_a_module_hook_that_changes_grad_input_is_refused_naming_module_and_hook():
+    model = guided_mlp()
+
+    def guided(mod, gin, gout):
+        return tuple(None if g is None else F.relu(g) for g in gin)
+
+    model[1].register_full_backward_hook(guided)
+    x = torch.randn(2, 4, dtype=D, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"module backward hook\(s\) .*guided.* of ReLU"):
+        ts.grad(model(x).sum(), x, semiring="viterbi")
+
+
+def test_hooks_in_a_product_of_semirings_are_refused():
+    x = leaf([1.0, 2.0])
+    h = x.exp()
+    h.register_hook(lambda g: None)
+    with pytest.raises(RuntimeError, match="several semirings"):
+        ts.grad((h * 3).sum(), x, semiring=("viterbi", "entropy"))
+    # real beside another semiring: real is stock (hooks honoured), the other refuses no observer
+    y = leaf([1.0, 2.0])
+    (gr,), (gv,) = ts.grad((y * 3).sum(), y, semiring=("real", "viterbi"))
+    assert gr.tolist() == [3.0, 3.0] and torch.allclose(gv, torch.full((2,), math.log(3), dtype=D))
+
+
+# ---- 4. real is stock bit for bit with three or more consumers ---------------------------
+
+
+def many_consumers(seed):
+    """h feeds 3-6 branches of different depths and scales: float32 sums that
+    depend on the order in which the branches' values reach h."""
+    rng = random.Random(seed)
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(32, generator=g, dtype=torch.float32).requires_grad_()
+    h = x * 1.0
+    out = None
+    for _ in range(rng.randint(3, 6)):
+        t = h
+        for _ in range(rng.randint(0, 4)):
+            t = t * rng.choice([1e4, -3e-3, 0.7, 1.3, -1e5])
+        o = t.sin().sum() * rng.choice([1.0, 1e3, -1e-2])
+        out = o if out is None else out + o
+    return out, x, h
+
+
+@pytest.mark.parametrize("seed", [4, 6, 8, 9, 12])  # each differed by an ulp or more before
+def test_real_is_bit_for_bit_stock_with_many_consumers(seed):
+    out, x, h = many_consumers(seed)
+    expected = torch.autograd.grad(out, (x, h), retain_graph=True)
+    got = ts.grad(out, (x, h), semiring="real", retain_graph=True)
+    for e, g in zip(expected, got):
+        assert torch.equal(e, g)
+    out.backward(retain_graph=True)
+    stock = x.grad
+    x.grad = None
+    with ts.semiring("real"):
+        out.backward()
+    assert torch.equal(stock, x.grad)
+
+
