@@ -203,6 +203,66 @@ def test_hooks_in_a_product_of_semirings_are_refused():
     assert gr.tolist() == [3.0, 3.0] and torch.allclose(gv, torch.full((2,), math.log(3), dtype=D))
 
 
+# ---- 2. a NaN / infinite local derivative behind an edge of weight 0 ---------------------
+
+
+# One-element tensors per node: the one-hot calls the reference reads a
+# pointwise node's Jacobian with give NaN off the diagonal when an element's
+# derivative is NaN (0 / NaN); the pointwise rule uses the diagonal alone.
+
+
+def where_sqrt():
+    x, y = leaf([-4.0]), leaf([9.0])
+    return torch.where(x > 0, x.sqrt(), x).sum() + torch.where(y > 0, y.sqrt(), y).sum(), [x, y]
+
+
+def times_zero_nan():
+    x, y, z = leaf([-4.0]), leaf([0.0]), leaf([2.0])
+    return sum((t.sqrt() * 0.0 + 2 * t).sum() for t in (x, y, z)), [x, y, z]  # sqrt': NaN, +inf, finite
+
+
+def times_zero_inf_log():
+    x, y = leaf([0.0]), leaf([1.5])
+    return sum((t.log() * 0.0 + (t * 3).sin()).sum() for t in (x, y)), [x, y]  # log'(0) = +inf
+
+
+NAN_CASES = {"where_sqrt": where_sqrt, "times_zero_nan": times_zero_nan, "times_zero_inf_log": times_zero_inf_log}
+
+
+@pytest.mark.parametrize("create_graph", [False, True], ids=["fused", "aten"])
+@pytest.mark.parametrize("case", sorted(NAN_CASES))
+@pytest.mark.parametrize("semiring", NON_REAL)
+def test_nan_behind_a_zero_edge_does_not_leak(semiring, case, create_graph):
+    # create_graph=True runs the semirings' ATen expressions instead of the fused CPU passes
+    out, inputs = NAN_CASES[case]()
+    got = readout_of(semiring, out, inputs, create_graph=create_graph)
+    expected = reference_values(out, inputs, semiring, k=3)
+    brute = brute_force_values(out, inputs, semiring, k=3)
+    for g, e, b in zip(got, expected, brute):
+        assert not torch.isnan(e).any()
+        assert_values_equal(g.detach(), e, semiring, f"{case} vs reference")
+        assert_values_equal(g.detach(), b, semiring, f"{case} vs brute force")
+
+
+def test_where_sqrt_at_minus_four_has_one_path_of_weight_one():
+    x = leaf([-4.0])
+    out = torch.where(x > 0, x.sqrt(), x).sum()
+    expected = {"viterbi": 0.0, "max_abs": 1.0, "abs": 1.0, "log": 0.0, "entropy": 0.0, "count": 1.0,
+                "max_prod": 1.0}
+    for name, value in expected.items():
+        assert readout_of(name, out, x)[0].tolist() == [value], name
+    assert readout_of("kmax", out, x)[0].tolist() == [[0.0, -math.inf, -math.inf]]
+
+
+@pytest.mark.parametrize("case", sorted(NAN_CASES))
+def test_real_keeps_stock_ieee_behind_a_zero_edge(case):
+    out, inputs = NAN_CASES[case]()
+    expected = torch.autograd.grad(out, inputs, retain_graph=True)
+    got = ts.grad(out, inputs, semiring="real", retain_graph=True)
+    for e, g in zip(expected, got):
+        torch.testing.assert_close(g, e, equal_nan=True, rtol=0, atol=0)
+
+
 # ---- 4. real is stock bit for bit with three or more consumers ---------------------------
 
 
