@@ -298,3 +298,185 @@ def test_real_is_bit_for_bit_stock_with_many_consumers(seed):
     assert torch.equal(stock, x.grad)
 
 
+# ---- 5. memory after zero_grad(set_to_none=True) -----------------------------------------
+
+
+@pytest.mark.parametrize("semiring", ["max_prod", "entropy", "viterbi"])
+def test_zero_grad_set_to_none_frees_raw_values_and_old_grads(semiring):
+    from torch_semiring import engine
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).double()
+    x = torch.randn(3, 16, dtype=D)
+    with ts.semiring(semiring):
+        model(x).sum().backward()
+        model(x).sum().backward()  # accumulated: the raw value is kept beside .grad
+    grads = [weakref.ref(p.grad) for p in model.parameters()]
+    raws = [weakref.ref(state[1]) for state in list(engine._accumulated.values())]
+    storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
+    assert len(raws) >= len(grads)
+    model.zero_grad(set_to_none=True)
+    gc.collect()
+    assert all(r() is None for r in grads), "an old .grad is still referenced"
+    assert all(r() is None for r in raws), "a raw semiring value is still referenced"
+    live = {state[1].untyped_storage().data_ptr() for state in list(engine._accumulated.values())}
+    assert not (storages & live)
+    with ts.semiring(semiring):  # and accumulation starts afresh
+        model(x).sum().backward()
+    assert all(p.grad is not None for p in model.parameters())
+
+
+# ---- 6. all or nothing: exceptions and interrupts ----------------------------------------
+
+
+def three_leaves():
+    a, b, c = leaf([1.0, 2.0]), leaf([3.0, -4.0]), leaf([0.5, 0.25])
+    a.grad = torch.full((2,), 7.0, dtype=D)
+    return a, b, c
+
+
+def loss_of(a, b, c):
+    return ((a * b).exp() + (b * c).sin() + a * c).sum()
+
+
+def assert_untouched(a, b, c, before):
+    assert a.grad is before and a.grad.tolist() == [7.0, 7.0]
+    assert b.grad is None and c.grad is None
+    assert ts.get_semiring() is None
+    assert torch.is_grad_enabled()
+
+
+class Boom(Exception):
+    pass
+
+
+def test_an_exception_from_a_rule_mid_graph_leaves_everything_untouched():
+    a, b, c = three_leaves()
+    before = a.grad
+    out = loss_of(a, b, c)
+
+    def raising(node, grads, sr, needed):
+        raise Boom("from a rule")
+
+    with ts.using_rule("SinBackward0", raising):
+        with pytest.raises(Boom), ts.semiring("max_prod"):
+            out.backward(retain_graph=True)
+    assert_untouched(a, b, c, before)
+
+
+def test_an_exception_from_a_hook_leaves_everything_untouched():
+    a, b, c = three_leaves()
+    before = a.grad
+    h = a * b
+    h.register_hook(lambda g: (_ for _ in ()).throw(Boom("from a hook")))
+    out = (h.exp() + b * c).sum()
+    with pytest.raises(Boom), ts.semiring("entropy"):
+        out.backward()
+    assert_untouched(a, b, c, before)
+
+
+def test_an_exception_while_accumulating_leaves_every_grad_untouched(monkeypatch):
+    from torch_semiring import engine
+
+    a, b, c = three_leaves()
+    a.grad = None
+    with ts.semiring("viterbi"):
+        loss_of(a, b, c).backward()
+    grads = (a.grad, b.grad, c.grad)
+    calls = []
+    real = engine._accumulated_value
+
+    def failing(part, t, value):
+        calls.append(t)
+        if len(calls) == 2:
+            raise Boom("mid-accumulation")
+        return real(part, t, value)
+
+    monkeypatch.setattr(engine, "_accumulated_value", failing)
+    with pytest.raises(Boom), ts.semiring("viterbi"):
+        loss_of(a, b, c).backward()
+    assert (a.grad, b.grad, c.grad) == grads and all(g.tolist() == h.tolist() for g, h in zip(grads, grads))
+    assert ts.get_semiring() is None and torch.is_grad_enabled()
+
+
+def _restoring_lines():
+    """Lines of the mode's own restore (its finally clause and _set): an
+    interrupt landing exactly there is the one place Python cannot guard."""
+    from torch_semiring import mode
+
+    source, first = inspect.getsourcelines(mode.semiring.__wrapped__)
+    start = next(i for i, line in enumerate(source) if line.strip() == "finally:")
+    lines = {first + i for i in range(start, len(source))}
+    set_source, set_first = inspect.getsourcelines(mode._set)
+    return lines, {set_first + i for i in range(len(set_source))}
+
+
+@pytest.mark.parametrize("semiring", ["max_prod", "entropy"])
+def test_a_keyboard_interrupt_at_any_line_of_the_pass_is_all_or_nothing(semiring):
+    """Raises KeyboardInterrupt at the n-th line the library executes, for every n."""
+    import torch_semiring.engine as engine_module
+    import torch_semiring.mode as mode_module
+
+    files = {engine_module.__file__, mode_module.__file__}
+    finally_lines, set_lines = _restoring_lines()
+
+    def run(interrupt_at):
+        a, b, c = three_leaves()
+        a.grad = None
+        out = loss_of(a, b, c)
+        count = [0]
+
+        def tracer(frame, event, arg):
+            if frame.f_code.co_filename not in files:
+                return None
+            if event == "line":
+                in_restore = (frame.f_code.co_filename == mode_module.__file__ and (
+                    frame.f_lineno in finally_lines and frame.f_code.co_name == "semiring"
+                    or frame.f_code.co_name == "_set" and frame.f_back is not None
+                    and frame.f_back.f_lineno in finally_lines))
+                if not in_restore:
+                    count[0] += 1
+                    if count[0] == interrupt_at:
+                        raise KeyboardInterrupt
+            return tracer
+
+        interrupted = False
+        sys.settrace(tracer)
+        try:
+            with ts.semiring(semiring):
+                out.backward()
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            sys.settrace(None)
+        return interrupted, count[0], (a, b, c)
+
+    interrupted, total, leaves = run(0)
+    assert not interrupted and total > 20
+    expected = [t.grad.clone() for t in leaves]
+    for n in range(1, total + 1):
+        interrupted, _, leaves = run(n)
+        assert ts.get_semiring() is None, f"mode left on (interrupt at line event {n})"
+        assert torch.is_grad_enabled(), f"grad mode left off (interrupt at line event {n})"
+        written = [t.grad is not None for t in leaves]
+        assert all(written) or not any(written), f"partial .grad (interrupt at line event {n}): {written}"
+        if all(written):
+            for t, e in zip(leaves, expected):
+                assert torch.equal(t.grad, e)
+
+
+def test_grad_mode_is_restored_after_a_failed_create_graph_pass():
+    x = leaf([1.0, 2.0])
+    out = (x.exp() * 2).sum()
+
+    def raising(node, grads, sr, needed):
+        raise Boom
+
+    with ts.using_rule("ExpBackward0", raising), pytest.raises(Boom):
+        ts.grad(out, x, semiring="log", create_graph=True)
+    assert torch.is_grad_enabled()
+    with torch.no_grad(), ts.using_rule("ExpBackward0", raising), pytest.raises(Boom):
+        ts.grad(out, x, semiring="log", create_graph=True)
+    assert torch.is_grad_enabled()
+
+

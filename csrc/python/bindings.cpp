@@ -352,6 +352,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       }
     });
   });
+  // Sets .grad of every tensor at once, with no Python code in between, so an
+  // interrupt (KeyboardInterrupt is raised between bytecodes) cannot leave
+  // some written and others not. The caller checked shapes, dtypes, devices.
+  m.def("assign_grads", [](const std::vector<at::Tensor>& tensors, const std::vector<at::Tensor>& grads) {
+    TORCH_CHECK(tensors.size() == grads.size(), "torch_semiring: assign_grads: ", tensors.size(), " tensors, ",
+                grads.size(), " grads");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& t = tensors[i];
+      const auto& g = grads[i];
+      TORCH_CHECK(g.sizes().equals(t.sizes()) && g.scalar_type() == t.scalar_type() && g.device() == t.device(),
+                  "torch_semiring: a .grad of shape ", g.sizes(), " (", g.scalar_type(), ", ", g.device(),
+                  ") does not fit a tensor of shape ", t.sizes(), " (", t.scalar_type(), ", ", t.device(), ")");
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].mutable_grad() = grads[i];
+  });
   m.def("set_log_sink", [](py::object sink) {
     if (sink.is_none()) {
       set_log_sink(nullptr);

@@ -154,8 +154,9 @@ def _roots_and_seeds(sr: Resolved, outputs: tuple, grad_outputs: Optional[Sequen
 def _run(sr: Resolved, outputs, grad_outputs, targets, retain_graph, create_graph, collect_leaves):
     roots, seeds = _roots_and_seeds(sr, outputs, grad_outputs)
     keep = create_graph if retain_graph is None else retain_graph
-    with torch.set_grad_enabled(create_graph):
-        return _C.run_backward(sr.handle, roots, seeds, targets, bool(keep), bool(create_graph), collect_leaves)
+    # The engine sets grad mode to create_graph itself (a C++ guard: restored
+    # however the pass ends, interrupts included).
+    return _C.run_backward(sr.handle, roots, seeds, targets, bool(keep), bool(create_graph), collect_leaves)
 
 
 # ---- ts.grad --------------------------------------------------------------------
@@ -230,9 +231,11 @@ def grad(
 
 # ---- .backward() in a semiring ------------------------------------------------
 
-# leaf → (semiring key, raw value, the .grad tensor we stored, its version):
-# lets a later pass ⊕ into the raw value when the readout alone loses
-# information (max_prod keeps m, entropy keeps (log Z, R/Z)).
+# A .grad tensor a semiring pass wrote → (semiring key, raw value, its version
+# then): lets a later pass ⊕ into the raw value when the readout alone loses
+# information (max_prod keeps m, entropy keeps (log Z, R/Z)). Keyed weakly by
+# the .grad tensor itself, so that replacing .grad or setting it to None
+# (zero_grad(set_to_none=True)) frees the old .grad and the raw value with it.
 _accumulated: WeakIdKeyDictionary = WeakIdKeyDictionary()
 # retain_grad() tensors, registered by torch_integration's retain_grad wrapper.
 _retained: dict[int, weakref.ref] = {}
@@ -245,13 +248,14 @@ def _register_retained(t: torch.Tensor) -> None:
 
 def _accumulated_value(part: Part, t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """⊕ of t's previous semiring .grad (as a raw value) and this pass's value."""
-    if t.grad is None:
+    previous = t.grad
+    if previous is None:
         return value
-    state = _accumulated.get(t)
-    if state is not None and state[0] == part.key and state[2] is t.grad and state[3] == t.grad._version:
+    state = _accumulated.get(previous)
+    if state is not None and state[0] == part.key and state[2] == previous._version:
         return part.handle.oplus(state[1], value)
     if part.name == "real":  # a stock gradient: real ⊕ is the stock +
-        return part.handle.oplus(t.grad.to(value.dtype).unsqueeze(0), value)
+        return part.handle.oplus(previous.to(value.dtype).unsqueeze(0), value)
     raise RuntimeError(
         f"torch_semiring: cannot ⊕-accumulate semiring '{part.name}' into the existing .grad of a "
         f"tensor of shape {tuple(t.shape)}: that .grad was not written by a '{part.name}' pass (or was "
@@ -278,7 +282,10 @@ def check_grad_semiring(sr: Resolved) -> Part:
 
 def write_grads(part: Part, updates, create_graph: bool) -> None:
     """``.grad = readout(previous ⊕ value)`` for each (tensor, raw value); all or nothing, then hooks."""
-    # Compute every new .grad first, so a failure leaves all .grad untouched.
+    # Compute every new .grad first, so a failure leaves all .grad untouched;
+    # then one C++ call writes them all (no Python line in between for a
+    # KeyboardInterrupt to land on). Entries for .grads that an interrupt kept
+    # from being written die with them (weak keys).
     staged = []
     for t, value in updates:
         raw = _accumulated_value(part, t, value)
@@ -286,9 +293,9 @@ def write_grads(part: Part, updates, create_graph: bool) -> None:
         if not create_graph:
             readout = readout.detach()
         staged.append((t, raw, readout.to(t.dtype)))
-    for t, raw, readout in staged:
-        t.grad = readout
-        _accumulated[t] = (part.key, raw.detach() if not create_graph else raw, t.grad, t.grad._version)
+    for _, raw, readout in staged:
+        _accumulated[readout] = (part.key, raw.detach() if not create_graph else raw, readout._version)
+    _C.assign_grads([t for t, _, _ in staged], [readout for _, _, readout in staged])
     for t, _, _ in staged:
         if t.is_leaf and t._post_accumulate_grad_hooks:
             for hook in list(t._post_accumulate_grad_hooks.values()):
