@@ -480,3 +480,32 @@ def test_grad_mode_is_restored_after_a_failed_create_graph_pass():
     assert torch.is_grad_enabled()
 
 
+# ---- 9. deep graphs are freed without recursion ---------------------------------------------
+
+
+def test_freeing_a_deep_graph_after_top_paths_does_not_crash():
+    """A 20 000-step chain whose best path top_paths walked, freed under a 1 MiB stack
+    (enough for torch's iterative freeing; a recursive free of 20 000 nodes is not)."""
+    script = textwrap.dedent("""
+        import torch, torch_semiring as ts
+        x = torch.tensor([1.0], dtype=torch.float64, requires_grad=True)
+        y = x
+        for _ in range(20000):
+            y = y * 1.0001
+        out = y.sum()
+        paths = ts.top_paths(out, x, semiring="viterbi")
+        assert len(paths[0].steps) == 20002, len(paths[0].steps)
+        del out, y
+        del paths
+        print("freed")
+    """)
+    import resource
+
+    def small_stack():
+        resource.setrlimit(resource.RLIMIT_STACK, (1 << 20, resource.getrlimit(resource.RLIMIT_STACK)[1]))
+
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([os.path.dirname(os.path.dirname(ts.__file__)), env.get("PYTHONPATH", "")])
+    run = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300,
+                         preexec_fn=small_stack)
+    assert run.returncode == 0 and "freed" in run.stdout, (run.returncode, run.stderr[-2000:])

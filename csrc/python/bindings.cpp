@@ -5,6 +5,8 @@
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_function.h>
 #include <torch/csrc/autograd/python_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/python_anomaly_mode.h>
 #include <torch/extension.h>
 
 #include <cstring>
@@ -106,6 +108,16 @@ bool is_exactly(const T* p, const char* mangled) {
   return p && std::strcmp(typeid(*p).name(), mangled) == 0;
 }
 
+// A handle on an autograd node for walking paths (paths.py), holding the node
+// without giving it a Python object. torch's own wrapper (a grad_fn object)
+// would: a node that has one is freed through Python's deallocator, which
+// frees the next node the same way — recursively, so freeing a graph whose
+// nodes were all wrapped (a 50 000-step chain, every node on the recorded
+// path) overflows the stack. Unwrapped nodes are freed by torch iteratively.
+struct NodeRef {
+  c10::intrusive_ptr<Node> node;
+};
+
 std::vector<Edge> edges_from_py(const std::vector<std::pair<py::object, uint32_t>>& pairs) {
   std::vector<Edge> edges;
   for (const auto& [node, nr] : pairs) edges.emplace_back(node_from_py(node), nr);
@@ -199,6 +211,47 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return std::const_pointer_cast<Semiring>(make_product(std::move(p)));
   });
 
+  py::class_<NodeRef>(m, "NodeRef", "An autograd node, held without a Python wrapper (see bindings.cpp)")
+      .def(py::init([](py::handle grad_fn) { return NodeRef{node_from_py(grad_fn)}; }), py::arg("grad_fn"))
+      .def("name", [](const NodeRef& r) { return r.node->name(); })
+      .def_property_readonly("key", [](const NodeRef& r) { return reinterpret_cast<uintptr_t>(r.node.get()); })
+      .def("__eq__", [](const NodeRef& a, const NodeRef& b) { return a.node.get() == b.node.get(); })
+      .def("__hash__", [](const NodeRef& r) { return std::hash<const void*>()(r.node.get()); })
+      // (shape, dtype, device) of each of the node's outputs (where values arrive)
+      .def_property_readonly("outputs", [](const NodeRef& r) {
+        py::list out;
+        for (uint32_t i = 0; i < r.node->num_inputs(); ++i) {
+          const auto& meta = r.node->input_metadata(i);
+          std::vector<int64_t> shape;
+          for (const auto& d : meta.shape_as_dim_vector()) shape.push_back(d.expect_int());
+          out.append(py::make_tuple(py::tuple(py::cast(shape)),
+                                    py::cast(c10::typeMetaToScalarType(meta.dtype())), py::cast(meta.device())));
+        }
+        return out;
+      })
+      // A leaf's tensor (AccumulateGrad), else None.
+      .def_property_readonly("variable", [](const NodeRef& r) -> py::object {
+        auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(r.node.get());
+        return acc ? py::cast(acc->variable) : py::none();
+      })
+      // metadata["module"] (ts.track_modules), None if unlabelled.
+      .def_property_readonly("module", [](const NodeRef& r) -> py::object {
+        auto* base = r.node->metadata();
+        if (!is_exactly(base, "N5torch8autograd17PyAnomalyMetadataE")) return py::none();
+        auto* meta = static_cast<torch::autograd::PyAnomalyMetadata*>(base);
+        py::dict d = py::reinterpret_borrow<py::dict>(meta->dict());
+        return d.contains("module") ? py::object(d["module"]) : py::none();
+      })
+      // The node's own backward on plain tensors (None = zero), as grad_fn(*grads).
+      .def("__call__", [](const NodeRef& r, const std::vector<std::optional<at::Tensor>>& grads) {
+        torch::autograd::variable_list in;
+        for (const auto& g : grads) in.push_back(g ? *g : at::Tensor());
+        auto out = (*r.node)(std::move(in));
+        py::list result;
+        for (auto& t : out) result.append(t.defined() ? py::cast(t) : py::none());
+        return result;
+      });
+
   m.def("run_backward",
         [](const std::shared_ptr<Semiring>& sr, const std::vector<std::pair<py::object, uint32_t>>& roots,
            const std::vector<at::Tensor>& seeds, const std::vector<std::pair<py::object, uint32_t>>& targets,
@@ -216,8 +269,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           for (auto& rec : r.provenance) {
             py::list contributors;
             for (auto& [producer, edge] : rec.contributors)
-              contributors.append(py::make_tuple(producer ? node_to_py(producer) : py::none(), edge));
-            records.append(py::make_tuple(node_to_py(rec.node), rec.slot, rec.value, contributors,
+              contributors.append(py::make_tuple(producer ? py::cast(NodeRef{producer}) : py::none(), edge));
+            records.append(py::make_tuple(NodeRef{rec.node}, rec.slot, rec.value, contributors,
                                           rec.expected_contributors));
           }
           return py::make_tuple(captured, r.in_graph, r.leaf_variables, r.leaf_values, records);
