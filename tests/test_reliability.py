@@ -483,22 +483,35 @@ def test_grad_mode_is_restored_after_a_failed_create_graph_pass():
 # ---- 9. deep graphs are freed without recursion ---------------------------------------------
 
 
-def test_freeing_a_deep_graph_after_top_paths_does_not_crash():
-    """A 20 000-step chain whose best path top_paths walked, freed under a 1 MiB stack
-    (enough for torch's iterative freeing; a recursive free of 20 000 nodes is not)."""
-    script = textwrap.dedent("""
-        import torch, torch_semiring as ts
-        x = torch.tensor([1.0], dtype=torch.float64, requires_grad=True)
-        y = x
+DEEP_CHAIN = """
+import torch, torch_semiring as ts
+class Chain(torch.nn.Module):
+    def forward(self, x):
         for _ in range(20000):
-            y = y * 1.0001
-        out = y.sum()
-        paths = ts.top_paths(out, x, semiring="viterbi")
-        assert len(paths[0].steps) == 20002, len(paths[0].steps)
-        del out, y
-        del paths
-        print("freed")
-    """)
+            x = x * 1.0001
+        return x.sum()
+model = Chain()
+x = torch.tensor([1.0], dtype=torch.float64, requires_grad=True)
+if TRACK:
+    with ts.track_modules(model):
+        out = model(x)
+else:
+    out = model(x)
+paths = ts.top_paths(out, x, semiring="viterbi", model=model)
+assert len(paths[0].steps) == 20002, len(paths[0].steps)
+assert (paths[0].steps[1].module == "") == TRACK, paths[0].steps[1]  # the root module's name is ""
+del out
+del paths
+print("freed")
+"""
+
+
+@pytest.mark.parametrize("track", [False, True], ids=["plain", "track_modules"])
+def test_freeing_a_deep_graph_after_top_paths_does_not_crash(track):
+    """A 20 000-step chain whose best path top_paths walked (labelled by track_modules, or
+    not), freed under a 1 MiB stack: enough for torch's iterative freeing, not for a
+    recursive free of 20 000 nodes."""
+    script = f"TRACK = {track}\n" + DEEP_CHAIN
     import resource
 
     def small_stack():

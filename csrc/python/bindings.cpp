@@ -13,6 +13,7 @@
 #include <optional>
 #include <typeinfo>
 #include <unordered_map>
+#include <unordered_set>
 #include <algorithm>
 
 #include "../engine/engine.h"
@@ -251,6 +252,32 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         for (auto& t : out) result.append(t.defined() ? py::cast(t) : py::none());
         return result;
       });
+
+  // ts.track_modules' labelling without grad_fn objects (see NodeRef): every
+  // node reachable from the outputs' grad_fns, short of the inputs' grad_fns,
+  // leaves and nodes already labelled, gets metadata["module"] = label.
+  m.def("label_nodes", [](const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                          const std::string& label) {
+    std::unordered_set<const Node*> stop;
+    for (const auto& t : inputs)
+      if (t.defined() && t.grad_fn()) stop.insert(t.grad_fn().get());
+    std::vector<Node*> work;
+    for (const auto& t : outputs)
+      if (t.defined() && t.grad_fn()) work.push_back(t.grad_fn().get());
+    py::str key("module"), value(label);
+    while (!work.empty()) {
+      Node* n = work.back();
+      work.pop_back();
+      if (!n || stop.count(n) || dynamic_cast<torch::autograd::AccumulateGrad*>(n)) continue;
+      auto* base = n->metadata();
+      if (!is_exactly(base, "N5torch8autograd17PyAnomalyMetadataE")) continue;
+      auto dict = py::reinterpret_borrow<py::dict>(static_cast<torch::autograd::PyAnomalyMetadata*>(base)->dict());
+      if (dict.contains(key)) continue;
+      dict[key] = value;
+      stop.insert(n);
+      for (const auto& e : n->next_edges()) work.push_back(e.function.get());
+    }
+  }, py::arg("outputs"), py::arg("inputs"), py::arg("label"));
 
   m.def("run_backward",
         [](const std::shared_ptr<Semiring>& sr, const std::vector<std::pair<py::object, uint32_t>>& roots,

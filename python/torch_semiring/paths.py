@@ -304,18 +304,13 @@ class track_modules:
             # A torch function may create several nodes (F.linear: view, addmm,
             # view); only the last is its output's grad_fn, so every new node
             # between the call's inputs and its outputs is labelled.
+            # (In C++, without grad_fn objects: a node given one is freed
+            # recursively by torch, which a deep graph does not survive.)
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 out = func(*args, **kwargs)
                 if tracker.stack:
-                    inputs = {id(t.grad_fn) for t in _tensors((args, kwargs)) if t.grad_fn is not None}
-                    work = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
-                    while work:
-                        fn = work.pop()
-                        if fn is None or id(fn) in inputs or "module" in fn.metadata or hasattr(fn, "variable"):
-                            continue
-                        fn.metadata["module"] = tracker.stack[-1]
-                        work.extend(n for n, _ in fn.next_functions)
+                    _C.label_nodes(list(_tensors(out)), list(_tensors((args, kwargs))), tracker.stack[-1])
                 return out
 
         def enter(name):
