@@ -1,14 +1,16 @@
-// Edges out of "no path": the SPEC's "an edge of weight 0 does not exist",
-// and its dual, nothing flows out of a value that is the semiring zero. So
-//     zero ⊗ lift(w) = zero   for every w, NaN and ±∞ included, and
-//     v ⊗ lift(0)   = zero   for every v, +∞ included,
-// where IEEE arithmetic gives NaN (−∞ + NaN, −∞ + ∞, 0·∞, 0·NaN): a NaN or
-// infinite local derivative behind an edge of weight 0 (sqrt at x < 0 in the
-// unselected branch of torch.where, f(x)·0) must not reach the inputs. A value
-// on an existing path keeps IEEE (a NaN weight on a real path gives NaN, as
-// stock). The CPU fused passes (kernels/fused_ops.inc) do the same in-pass;
-// these are the ATen expressions for everything else (other devices, dtypes,
-// create_graph). max_prod keeps its own (empty pairs, semiring/max_prod.h).
+// Edges out of "no path": the SPEC's "an edge of weight 0 does not exist" has
+// a consequence IEEE arithmetic misses — nothing flows out of a value that is
+// the semiring zero, so
+//     zero ⊗ lift(w) = zero   for every w, NaN and ±∞ included,
+// where IEEE gives NaN (−∞ + NaN, −∞ + ∞, 0·∞, 0·NaN): a NaN or infinite
+// local derivative behind an edge of weight 0 (sqrt at x < 0 in the unselected
+// branch of torch.where, f(x)·0) must not reach the inputs. A value on an
+// existing path keeps IEEE (a NaN weight on a real path gives NaN, as stock),
+// and so does a value that overflowed to +∞ in log space across an edge of
+// weight 0 (+∞ + −∞: NaN; abs and max_abs split +∞ off before any rule). The
+// CPU fused passes (kernels/fused_ops.inc) do the same in-pass; these are the
+// ATen expressions for everything else (other devices, dtypes, create_graph).
+// max_prod keeps its own (empty pairs, semiring/max_prod.h).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -21,15 +23,14 @@ namespace torch_semiring {
 
 // Log-space scores a (E, *S) (log, viterbi: E = 1; kmax and the path
 // versions: E lists, descending) ⊗ an edge w: + log|w| on every score, −∞
-// stays −∞ and log 0 gives −∞. One fused pass where it applies (E ≤ 8, CPU
-// float/double), else 4 ATen passes.
+// stays −∞. One fused pass where it applies (E ≤ 8, CPU float/double), else
+// 5 ATen passes.
 inline at::Tensor add_log_abs_scores(const at::Tensor& a, const at::Tensor& w) {
   auto fused = kernels::fused_edge(kernels::Fused::AddLogAbs, a, w);
   if (fused.defined()) return fused;
   constexpr double ninf = -std::numeric_limits<double>::infinity();
-  const auto lw = w.abs().log();
-  auto out = a + lw;
-  return out.masked_fill_((a == ninf).logical_or(lw == ninf), ninf);
+  auto out = a + w.abs().log();
+  return out.masked_fill_(a == ninf, ninf);
 }
 
 // Magnitudes a (C, *S) in [0, ∞] (abs, max_abs) ⊗ an edge w: a·|w|, 0 where
