@@ -337,6 +337,11 @@ class Semiring:
     name: str = ""
     zero: Any
     one: Any
+    # The contract: nothing flows out of "no path" — zero ⊗ lift(w) is zero
+    # for every w, NaN and ±inf included (an edge behind an edge of weight 0
+    # does not exist). Only `real` keeps IEEE arithmetic, as stock autograd
+    # (0 · NaN = NaN there).
+    absorbing_zero: bool = True
 
     def lift(self, w: float) -> Any:
         raise NotImplementedError
@@ -359,6 +364,7 @@ class RealSemiring(Semiring):
 
     name = "real"
     zero, one = 0.0, 1.0
+    absorbing_zero = False
 
     def lift(self, w):
         return float(w)
@@ -374,6 +380,7 @@ class AbsSemiring(RealSemiring):
     """(+, ×) on |w|: Σ over paths of Π|w|, an upper bound on |gradient|."""
 
     name = "abs"
+    absorbing_zero = True
 
     def lift(self, w):
         return abs(float(w))
@@ -383,6 +390,7 @@ class CountSemiring(RealSemiring):
     """(+, ×) with every edge lifted to 1: the number of paths."""
 
     name = "count"
+    absorbing_zero = True
 
     def lift(self, w):
         return 1.0
@@ -681,6 +689,8 @@ def reference_values(
         for g in seeds.get(v, ()):
             acc = sr.plus(acc, sr.one if g is None else sr.lift(g))
         for u, w in graph.out_edges.get(v, ()):
+            if sr.absorbing_zero and value[u] == sr.zero:
+                continue
             acc = sr.plus(acc, sr.times(sr.lift(w), value[u]))
         value[v] = acc
 

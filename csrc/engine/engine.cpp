@@ -21,6 +21,7 @@
 #include <unordered_map>
 
 #include "../rules/rule.h"
+#include "node_hooks.h"
 
 namespace torch_semiring {
 
@@ -268,6 +269,7 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
       queued[i] = true;
     }
 
+  const NodeHooks hooks(sr);
   BackwardResult result;
   result.captured.resize(targets.size());
   result.in_graph.assign(targets.size(), false);
@@ -288,6 +290,10 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
     std::vector<at::Tensor> grads = std::move(buffer(i));
     buffers[i].clear();
     buffers[i].shrink_to_fit();
+    // Tensor hooks and retain_grad see what arrived before it is captured;
+    // node pre-hooks run before the rule, post-hooks after (node_hooks.h).
+    const bool hooked = NodeHooks::any(node);
+    if (hooked) hooks.arriving(node, grads);
 
     auto range = target_of.equal_range(&node);
     for (auto it = range.first; it != range.second; ++it)
@@ -301,7 +307,13 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
       }
     }
     if (prov.enabled) grads = prov.ready(node, grads, g.runs[i]);
+    if (hooked && !g.runs[i] && opt.collect_leaves && dynamic_cast<AccumulateGrad*>(&node)) {
+      hooks.before(node, grads);  // the stock engine runs a leaf's AccumulateGrad, hooks and all
+      std::vector<at::Tensor> none;
+      hooks.after(node, none, grads);
+    }
     if (!g.runs[i]) continue;
+    if (hooked) hooks.before(node, grads);
 
     const auto& edges = node.next_edges();
     std::vector<at::Tensor> outputs;
@@ -313,6 +325,7 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
         needed[j] = edges[j].is_valid() && g.leads[g.index.at(edges[j].function.get())];
       outputs = apply_rule(node, sr, std::move(needed), grads, opt.create_graph);
     }
+    if (hooked) hooks.after(node, outputs, grads);
     for (size_t j = 0; j < edges.size(); ++j) {
       const auto& e = edges[j];
       if (!e.is_valid()) continue;

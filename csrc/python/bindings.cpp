@@ -4,13 +4,20 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_cpp_function.h>
 #include <torch/csrc/autograd/python_function.h>
+#include <torch/csrc/autograd/python_hook.h>
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+#include <torch/csrc/autograd/python_anomaly_mode.h>
 #include <torch/extension.h>
 
+#include <cstring>
 #include <optional>
+#include <typeinfo>
 #include <unordered_map>
+#include <unordered_set>
 #include <algorithm>
 
 #include "../engine/engine.h"
+#include "../engine/node_hooks.h"
 #include "../hooks/engine_hooks.h"
 #include "../kernels/cpu_gemm.h"
 #include "../kernels/device_gemm.h"
@@ -93,6 +100,24 @@ c10::intrusive_ptr<Node> node_from_py(py::handle h) {
 py::object node_to_py(const c10::intrusive_ptr<Node>& n) {
   return py::reinterpret_steal<py::object>(torch::autograd::functionToPyObject(n));
 }
+
+// Whether *p's dynamic type is the one with this mangled name. libtorch_python
+// does not export the type_info of its hook and metadata classes, so
+// dynamic_cast to them cannot link; the dynamic type's own name can be read.
+template <class T>
+bool is_exactly(const T* p, const char* mangled) {
+  return p && std::strcmp(typeid(*p).name(), mangled) == 0;
+}
+
+// A handle on an autograd node for walking paths (paths.py), holding the node
+// without giving it a Python object. torch's own wrapper (a grad_fn object)
+// would: a node that has one is freed through Python's deallocator, which
+// frees the next node the same way — recursively, so freeing a graph whose
+// nodes were all wrapped (a 50 000-step chain, every node on the recorded
+// path) overflows the stack. Unwrapped nodes are freed by torch iteratively.
+struct NodeRef {
+  c10::intrusive_ptr<Node> node;
+};
 
 std::vector<Edge> edges_from_py(const std::vector<std::pair<py::object, uint32_t>>& pairs) {
   std::vector<Edge> edges;
@@ -187,6 +212,73 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return std::const_pointer_cast<Semiring>(make_product(std::move(p)));
   });
 
+  py::class_<NodeRef>(m, "NodeRef", "An autograd node, held without a Python wrapper (see bindings.cpp)")
+      .def(py::init([](py::handle grad_fn) { return NodeRef{node_from_py(grad_fn)}; }), py::arg("grad_fn"))
+      .def("name", [](const NodeRef& r) { return r.node->name(); })
+      .def_property_readonly("key", [](const NodeRef& r) { return reinterpret_cast<uintptr_t>(r.node.get()); })
+      .def("__eq__", [](const NodeRef& a, const NodeRef& b) { return a.node.get() == b.node.get(); })
+      .def("__hash__", [](const NodeRef& r) { return std::hash<const void*>()(r.node.get()); })
+      // (shape, dtype, device) of each of the node's outputs (where values arrive)
+      .def_property_readonly("outputs", [](const NodeRef& r) {
+        py::list out;
+        for (uint32_t i = 0; i < r.node->num_inputs(); ++i) {
+          const auto& meta = r.node->input_metadata(i);
+          std::vector<int64_t> shape;
+          for (const auto& d : meta.shape_as_dim_vector()) shape.push_back(d.expect_int());
+          out.append(py::make_tuple(py::tuple(py::cast(shape)),
+                                    py::cast(c10::typeMetaToScalarType(meta.dtype())), py::cast(meta.device())));
+        }
+        return out;
+      })
+      // A leaf's tensor (AccumulateGrad), else None.
+      .def_property_readonly("variable", [](const NodeRef& r) -> py::object {
+        auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(r.node.get());
+        return acc ? py::cast(acc->variable) : py::none();
+      })
+      // metadata["module"] (ts.track_modules), None if unlabelled.
+      .def_property_readonly("module", [](const NodeRef& r) -> py::object {
+        auto* base = r.node->metadata();
+        if (!is_exactly(base, "N5torch8autograd17PyAnomalyMetadataE")) return py::none();
+        auto* meta = static_cast<torch::autograd::PyAnomalyMetadata*>(base);
+        py::dict d = py::reinterpret_borrow<py::dict>(meta->dict());
+        return d.contains("module") ? py::object(d["module"]) : py::none();
+      })
+      // The node's own backward on plain tensors (None = zero), as grad_fn(*grads).
+      .def("__call__", [](const NodeRef& r, const std::vector<std::optional<at::Tensor>>& grads) {
+        torch::autograd::variable_list in;
+        for (const auto& g : grads) in.push_back(g ? *g : at::Tensor());
+        auto out = (*r.node)(std::move(in));
+        py::list result;
+        for (auto& t : out) result.append(t.defined() ? py::cast(t) : py::none());
+        return result;
+      });
+
+  // ts.track_modules' labelling without grad_fn objects (see NodeRef): every
+  // node reachable from the outputs' grad_fns, short of the inputs' grad_fns,
+  // leaves and nodes already labelled, gets metadata["module"] = label.
+  m.def("label_nodes", [](const std::vector<at::Tensor>& outputs, const std::vector<at::Tensor>& inputs,
+                          const std::string& label) {
+    std::unordered_set<const Node*> stop;
+    for (const auto& t : inputs)
+      if (t.defined() && t.grad_fn()) stop.insert(t.grad_fn().get());
+    std::vector<Node*> work;
+    for (const auto& t : outputs)
+      if (t.defined() && t.grad_fn()) work.push_back(t.grad_fn().get());
+    py::str key("module"), value(label);
+    while (!work.empty()) {
+      Node* n = work.back();
+      work.pop_back();
+      if (!n || stop.count(n) || dynamic_cast<torch::autograd::AccumulateGrad*>(n)) continue;
+      auto* base = n->metadata();
+      if (!is_exactly(base, "N5torch8autograd17PyAnomalyMetadataE")) continue;
+      auto dict = py::reinterpret_borrow<py::dict>(static_cast<torch::autograd::PyAnomalyMetadata*>(base)->dict());
+      if (dict.contains(key)) continue;
+      dict[key] = value;
+      stop.insert(n);
+      for (const auto& e : n->next_edges()) work.push_back(e.function.get());
+    }
+  }, py::arg("outputs"), py::arg("inputs"), py::arg("label"));
+
   m.def("run_backward",
         [](const std::shared_ptr<Semiring>& sr, const std::vector<std::pair<py::object, uint32_t>>& roots,
            const std::vector<at::Tensor>& seeds, const std::vector<std::pair<py::object, uint32_t>>& targets,
@@ -204,8 +296,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           for (auto& rec : r.provenance) {
             py::list contributors;
             for (auto& [producer, edge] : rec.contributors)
-              contributors.append(py::make_tuple(producer ? node_to_py(producer) : py::none(), edge));
-            records.append(py::make_tuple(node_to_py(rec.node), rec.slot, rec.value, contributors,
+              contributors.append(py::make_tuple(producer ? py::cast(NodeRef{producer}) : py::none(), edge));
+            records.append(py::make_tuple(NodeRef{rec.node}, rec.slot, rec.value, contributors,
                                           rec.expected_contributors));
           }
           return py::make_tuple(captured, r.in_graph, r.leaf_variables, r.leaf_values, records);
@@ -260,6 +352,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     python_rule_names().clear();
     shadowed_rules().clear();
     set_log_sink(nullptr);
+    set_hook_namer(nullptr);
   });
   // The SIMD kernels' extras that the semiring interface has no place for:
   // argmax provenance for path extraction, and which ISA runs (for tests).
@@ -318,6 +411,43 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("registered_rules", &registered_rules);
   m.def("generic_families", &generic_families);
   m.def("has_rule", [](const std::string& name) { return find_rule(name) != nullptr; });
+  // namer(hooks_dict) -> str names the Python hooks behind a refused hook
+  // (node_hooks.h): the dict of one Python hook object of the autograd node.
+  m.def("set_hook_namer", [](py::object namer) {
+    if (namer.is_none()) return set_hook_namer(nullptr);
+    set_hook_namer([namer](const torch::autograd::FunctionPreHook* pre,
+                           const torch::autograd::FunctionPostHook* post) -> std::string {
+      PyObject* dict = nullptr;
+      if (is_exactly(pre, "N5torch8autograd23PyFunctionTensorPreHookE"))
+        dict = static_cast<const torch::autograd::PyFunctionTensorPreHook*>(pre)->dict;
+      else if (is_exactly(pre, "N5torch8autograd17PyFunctionPreHookE"))
+        dict = static_cast<const torch::autograd::PyFunctionPreHook*>(pre)->dict;
+      else if (is_exactly(post, "N5torch8autograd18PyFunctionPostHookE"))
+        dict = static_cast<const torch::autograd::PyFunctionPostHook*>(post)->dict;
+      if (!dict) return "";
+      py::gil_scoped_acquire gil;
+      try {
+        return namer(py::reinterpret_borrow<py::object>(dict)).cast<std::string>();
+      } catch (py::error_already_set&) {
+        return "";
+      }
+    });
+  });
+  // Sets .grad of every tensor at once, with no Python code in between, so an
+  // interrupt (KeyboardInterrupt is raised between bytecodes) cannot leave
+  // some written and others not. The caller checked shapes, dtypes, devices.
+  m.def("assign_grads", [](const std::vector<at::Tensor>& tensors, const std::vector<at::Tensor>& grads) {
+    TORCH_CHECK(tensors.size() == grads.size(), "torch_semiring: assign_grads: ", tensors.size(), " tensors, ",
+                grads.size(), " grads");
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const auto& t = tensors[i];
+      const auto& g = grads[i];
+      TORCH_CHECK(g.sizes().equals(t.sizes()) && g.scalar_type() == t.scalar_type() && g.device() == t.device(),
+                  "torch_semiring: a .grad of shape ", g.sizes(), " (", g.scalar_type(), ", ", g.device(),
+                  ") does not fit a tensor of shape ", t.sizes(), " (", t.scalar_type(), ", ", t.device(), ")");
+    }
+    for (size_t i = 0; i < tensors.size(); ++i) tensors[i].mutable_grad() = grads[i];
+  });
   m.def("set_log_sink", [](py::object sink) {
     if (sink.is_none()) {
       set_log_sink(nullptr);

@@ -155,6 +155,17 @@ std::vector<Tensor> injective_rule(const RuleContext& ctx, const std::vector<Ten
 // exactly the engine's ⊕-reduction to the input shape.
 std::vector<Tensor> broadcast_rule(const RuleContext&, const std::vector<Tensor>& grads) { return {grads[0]}; }
 
+// ---- identity: output j is input j, weight 1 (torch.nn.modules._functions.
+// BackwardHookFunction, which module full backward hooks put around a module's
+// inputs and outputs so that their node hooks see the gradients; the hooks
+// themselves are called by the engine, engine/node_hooks.h).
+std::vector<Tensor> identity_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  std::vector<Tensor> out(std::min(grads.size(), ctx.node.next_edges().size()));
+  for (size_t j = 0; j < out.size(); ++j)
+    if (ctx.needs(j)) out[j] = grads[j];
+  return out;
+}
+
 // ---- reductions: every input element feeds exactly one output element (sum,
 // mean, amax, max.dim, prod, norm, logsumexp, var …). The weight of that one
 // edge is the node's backward applied to ones; the value arriving is the
@@ -424,6 +435,7 @@ void register_builtin_rules() {
   for (const char* name : kBijective) register_rule(name, bijective_rule, "placement");
   for (const char* name : kInjective) register_rule(name, injective_rule, "placement");
   register_rule("ExpandBackward0", broadcast_rule, "broadcast");
+  register_rule("BackwardHookFunctionBackward", identity_rule, "identity");
   for (const char* name : {"ViewBackward0", "UnsafeViewBackward0", "ReshapeAliasBackward0"})
     register_rule(name, reshape_rule, "placement");
   register_rule("SliceBackward0", slice_rule, "placement");

@@ -1,6 +1,7 @@
 // abs: Z = Σ_paths Π|w| — the partition function of the path distribution.
 #pragma once
 #include "sum_product.h"
+#include "zero_edges.h"
 
 #include "kernels/norm_rows.h"
 
@@ -17,6 +18,7 @@ class AbsSemiring final : public NonNegativeSumProduct {
 
  protected:
   Tensor do_lift(const Tensor& w) const override { return w.abs().unsqueeze(0); }
+  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override { return times_abs_edge(a, w); }
 };
 
 }  // namespace torch_semiring

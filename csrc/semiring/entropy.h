@@ -58,7 +58,9 @@ class EntropySemiring final : public Semiring {
     auto fused = kernels::fused_edge(kernels::Fused::EntropyOps, a, w);  // one pass
     if (fused.defined()) return fused;
     auto lw = w.abs().log();
-    return pair(a.select(0, 0) + lw, a.select(0, 1) - lw);
+    auto l = a.select(0, 0) + lw;  // no path in: no path out (zero_edges.h)
+    l.masked_fill_(a.select(0, 0) == -kInf, -kInf);
+    return pair(l, a.select(0, 1) - lw);
   }
   Tensor do_oplus(const Tensor& a, const Tensor& b) const override {
     auto fused = kernels::fused_pair(kernels::Fused::EntropyOps, a, b);  // one pass

@@ -4,28 +4,13 @@
 // lift(w) = (log|w|, −∞, …), zero all −∞, one (0, −∞, …).
 #pragma once
 #include "semiring.h"
+#include "zero_edges.h"
 
 #include "kernels/cpu_gemm.h"
 #include "kernels/elementwise.h"
 #include "kernels/norm_rows.h"
 
 namespace torch_semiring {
-
-// Score lists a (E, *S), descending, ⊗ an edge w: + log|w| per slot, where a
-// padding slot (−∞ after the first: no path) stays −∞ across an infinite edge
-// instead of −∞ + ∞ = NaN (the first slot keeps IEEE, as viterbi). One fused
-// pass where it applies (E ≤ 8, CPU float/double); kmax and its path version.
-inline at::Tensor add_log_abs_scores(const at::Tensor& a, const at::Tensor& w) {
-  auto fused = kernels::fused_edge(kernels::Fused::AddLogAbs, a, w);
-  if (fused.defined()) return fused;
-  auto out = a + w.abs().log();
-  if (a.size(0) > 1) {
-    auto rest = out.narrow(0, 1, a.size(0) - 1);
-    rest.masked_fill_(a.narrow(0, 1, a.size(0) - 1).expand_as(rest) == -std::numeric_limits<double>::infinity(),
-                      -std::numeric_limits<double>::infinity());
-  }
-  return out;
-}
 
 class KMaxSemiring final : public Semiring {
  public:

@@ -3,6 +3,7 @@
 // (log 0 = −∞, the zero), the one is 0.
 #pragma once
 #include "semiring.h"
+#include "zero_edges.h"
 
 #include "kernels/elementwise.h"
 
@@ -23,10 +24,7 @@ class LogSpaceSemiring : public Semiring {
   }
   Tensor do_lift(const Tensor& w) const override { return w.abs().log().unsqueeze(0); }
   Tensor do_otimes(const Tensor& a, const Tensor& b) const override { return a + b; }
-  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override {
-    auto fused = kernels::fused_edge(kernels::Fused::AddLogAbs, a, w);  // one pass
-    return fused.defined() ? fused : a + w.abs().log();
-  }
+  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override { return add_log_abs_scores(a, w); }
 };
 
 }  // namespace torch_semiring

@@ -2,6 +2,7 @@
 // magnitudes). ⊕ = max, ⊗ = ×, lift(w) = |w|, zero 0, one 1.
 #pragma once
 #include "semiring.h"
+#include "zero_edges.h"
 
 #include "kernels/cpu_gemm.h"
 #include "kernels/norm_rows.h"
@@ -39,7 +40,7 @@ class MaxAbsSemiring final : public Semiring {
   }
   Tensor do_lift(const Tensor& w) const override { return w.abs().unsqueeze(0); }
   Tensor do_otimes(const Tensor& a, const Tensor& b) const override { return a * b; }
-  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override { return a * w.abs(); }
+  Tensor do_otimes_edge(const Tensor& a, const Tensor& w) const override { return times_abs_edge(a, w); }
   Tensor do_oplus(const Tensor& a, const Tensor& b) const override { return at::maximum(a, b); }
   Tensor do_oplus_reduce(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
     return dims.empty() ? a : a.amax(dims, keepdim);

@@ -173,7 +173,7 @@ class ProvenanceSemiring final : public Semiring {
         return pack(lifted, id.expand(at::infer_size(id.sizes(), lifted.sizes())));
       }
       case Kind::MaxTimes: {
-        auto out = s * w.abs();
+        auto out = times_abs_edge(s, w);
         return pack(out, id.expand(out.sizes()));
       }
       default: {

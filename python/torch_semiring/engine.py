@@ -13,6 +13,51 @@ from torch.utils.weak import WeakIdKeyDictionary
 from . import _C
 from .semirings import Part, Resolved, resolve
 
+# PyTorch's own entry points (torch_integration wraps the public names later):
+# `real` runs on them, so it is the stock engine — hooks, accumulation order,
+# everything — by construction.
+_stock_grad = getattr(torch.autograd.grad, "__wrapped__", torch.autograd.grad)
+_stock_backward = getattr(torch.autograd.backward, "__wrapped__", torch.autograd.backward)
+
+
+def _is_stock(part: Part) -> bool:
+    """The built-in `real`: its values are exactly the stock gradients."""
+    return part.name == "real" and part.python_object is None
+
+
+def _stock_seeds(outputs: tuple, grad_outputs) -> tuple:
+    """grad_outputs for the stock functions, checked as for any semiring: every
+    output element is seeded with 1 when none is given (SPEC §1: non-scalar
+    outputs too, where stock would ask for grad_outputs)."""
+    return tuple(torch.ones_like(out) if go is None else go
+                 for out, go in zip(outputs, _checked_grad_outputs(outputs, grad_outputs)))
+
+
+def _name_hooks(hooks: dict) -> str:
+    """Names the Python hooks of one autograd hook object, for the engine's errors
+    (engine/node_hooks.h): module backward hooks by module and function."""
+    names = []
+    for fn in list(hooks.values()):
+        owner = None
+        for cell in getattr(fn, "__closure__", None) or ():
+            try:
+                value = cell.cell_contents
+            except ValueError:
+                continue
+            if type(value).__name__ == "BackwardHook" and hasattr(value, "module"):
+                owner = value
+        if owner is not None:
+            users = [getattr(h, "__qualname__", repr(h)) for h in (owner.user_pre_hooks or []) + owner.user_hooks]
+            names.append(f"module backward hook(s) {', '.join(users) or '?'} of {type(owner.module).__name__}")
+        else:
+            code = getattr(fn, "__code__", None)
+            where = f" at {code.co_filename}:{code.co_firstlineno}" if code is not None else ""
+            names.append(f"{getattr(fn, '__qualname__', repr(fn))}{where}")
+    return "; ".join(names)
+
+
+_C.set_hook_namer(_name_hooks)
+
 # ---- argument handling --------------------------------------------------------
 
 
@@ -65,7 +110,9 @@ def _like_of(t: Any) -> torch.Tensor:
     return torch.empty(0, dtype=meta.dtype, device=meta.device)
 
 
-def _roots_and_seeds(sr: Resolved, outputs: tuple, grad_outputs: Optional[Sequence]):
+def _checked_grad_outputs(outputs: tuple, grad_outputs) -> tuple:
+    """One entry per output (None: seed every element with the semiring one),
+    each checked against its output; the roots' edges too."""
     if grad_outputs is None:
         grad_outputs = (None,) * len(outputs)
     grad_outputs = _as_tuple(grad_outputs) if not isinstance(grad_outputs, (list, tuple)) else tuple(grad_outputs)
@@ -73,14 +120,11 @@ def _roots_and_seeds(sr: Resolved, outputs: tuple, grad_outputs: Optional[Sequen
         raise ValueError(
             f"torch_semiring: grad_outputs has {len(grad_outputs)} entries but there are {len(outputs)} outputs"
         )
-    roots, seeds = [], []
     for i, (out, go) in enumerate(zip(outputs, grad_outputs)):
         if isinstance(out, GradientEdge):
             raise TypeError("torch_semiring: outputs must be tensors (GradientEdges are accepted as inputs)")
-        roots.append(_edge_of(out, f"outputs[{i}]"))
+        _edge_of(out, f"outputs[{i}]")
         if go is None:
-            # Every output element is seeded with the semiring one (SPEC §1).
-            seeds.append(sr.handle.one(list(out.shape), sr.handle.value_like(out.detach())))
             continue
         if not isinstance(go, torch.Tensor):
             raise TypeError(f"torch_semiring: grad_outputs[{i}] must be a Tensor or None, got {type(go).__name__}")
@@ -90,6 +134,18 @@ def _roots_and_seeds(sr: Resolved, outputs: tuple, grad_outputs: Optional[Sequen
                 f"torch_semiring: mismatch in shape: grad_outputs[{i}] has shape {tuple(go.shape)} "
                 f"but outputs[{i}] has shape {tuple(out.shape)}"
             )
+    return grad_outputs
+
+
+def _roots_and_seeds(sr: Resolved, outputs: tuple, grad_outputs: Optional[Sequence]):
+    grad_outputs = _checked_grad_outputs(outputs, grad_outputs)
+    roots, seeds = [], []
+    for i, (out, go) in enumerate(zip(outputs, grad_outputs)):
+        roots.append(_edge_of(out, f"outputs[{i}]"))
+        if go is None:
+            # Every output element is seeded with the semiring one (SPEC §1).
+            seeds.append(sr.handle.one(list(out.shape), sr.handle.value_like(out.detach())))
+            continue
         # grad_output entries are weights of edges to a virtual sink: lifted.
         seeds.append(sr.handle.lift(sr.handle.value_like(go.to(out.dtype))))
     return roots, seeds
@@ -98,8 +154,9 @@ def _roots_and_seeds(sr: Resolved, outputs: tuple, grad_outputs: Optional[Sequen
 def _run(sr: Resolved, outputs, grad_outputs, targets, retain_graph, create_graph, collect_leaves):
     roots, seeds = _roots_and_seeds(sr, outputs, grad_outputs)
     keep = create_graph if retain_graph is None else retain_graph
-    with torch.set_grad_enabled(create_graph):
-        return _C.run_backward(sr.handle, roots, seeds, targets, bool(keep), bool(create_graph), collect_leaves)
+    # The engine sets grad mode to create_graph itself (a C++ guard: restored
+    # however the pass ends, interrupts included).
+    return _C.run_backward(sr.handle, roots, seeds, targets, bool(keep), bool(create_graph), collect_leaves)
 
 
 # ---- ts.grad --------------------------------------------------------------------
@@ -132,31 +189,53 @@ def grad(
     if not inputs:
         raise ValueError("torch_semiring: grad needs at least one input")
     targets = [_edge_of(x, f"inputs[{i}]") for i, x in enumerate(inputs)]
-    captured, in_graph, _, _, _ = _run(sr, outputs, grad_outputs, targets, retain_graph, create_graph, False)
-    per_part: list[list] = [[] for _ in sr.parts]
-    for i, (x, value, used) in enumerate(zip(inputs, captured, in_graph)):
-        if not used:
-            if not allow_unused:
-                raise RuntimeError(
-                    f"torch_semiring: inputs[{i}] appears to not have been used in the graph. "
-                    "Set allow_unused=True if this is the desired behavior."
-                )
-            for out in per_part:
-                out.append(None)
-            continue
-        if value is None:  # reached only through zero weights: the semiring zero
-            value = sr.handle.zero(list(_shape_of(x)), _like_of(x))
-        for part, out, v in zip(sr.parts, per_part, sr.split(value)):
-            out.append(v if raw else part.handle.readout(v))
-    results = tuple(tuple(r) for r in per_part)
+    semiring_parts = tuple(p for p in sr.parts if not _is_stock(p))
+    by_part: dict[int, tuple] = {}
+    if len(semiring_parts) < len(sr.parts):
+        # `real` is torch.autograd.grad itself: every hook, the ⊕ order, None
+        # for an input no gradient reached. Beside other semirings it is a
+        # second walk, which keeps the graph for theirs.
+        real = _stock_grad(outputs, inputs, _stock_seeds(outputs, grad_outputs),
+                           retain_graph=True if semiring_parts else retain_graph,
+                           create_graph=create_graph, allow_unused=bool(allow_unused))
+        real = tuple(g if g is None or not raw else g.unsqueeze(0) for g in real)
+        for j, part in enumerate(sr.parts):
+            if _is_stock(part):
+                by_part[j] = real
+    if semiring_parts:
+        walked = resolve(semiring_parts)
+        captured, in_graph, _, _, _ = _run(walked, outputs, grad_outputs, targets, retain_graph, create_graph,
+                                           False)
+        per_part: list[list] = [[] for _ in walked.parts]
+        for i, (x, value, used) in enumerate(zip(inputs, captured, in_graph)):
+            if not used:
+                if not allow_unused:
+                    raise RuntimeError(
+                        f"torch_semiring: inputs[{i}] appears to not have been used in the graph. "
+                        "Set allow_unused=True if this is the desired behavior."
+                    )
+                for out in per_part:
+                    out.append(None)
+                continue
+            if value is None:  # reached only through zero weights: the semiring zero
+                value = walked.handle.zero(list(_shape_of(x)), _like_of(x))
+            for part, out, v in zip(walked.parts, per_part, walked.split(value)):
+                out.append(v if raw else part.handle.readout(v))
+        walked_results = iter(tuple(r) for r in per_part)
+        for j, part in enumerate(sr.parts):
+            if not _is_stock(part):
+                by_part[j] = next(walked_results)
+    results = tuple(by_part[j] for j in range(len(sr.parts)))
     return results if sr.is_product else results[0]
 
 
 # ---- .backward() in a semiring ------------------------------------------------
 
-# leaf → (semiring key, raw value, the .grad tensor we stored, its version):
-# lets a later pass ⊕ into the raw value when the readout alone loses
-# information (max_prod keeps m, entropy keeps (log Z, R/Z)).
+# A .grad tensor a semiring pass wrote → (semiring key, raw value, its version
+# then): lets a later pass ⊕ into the raw value when the readout alone loses
+# information (max_prod keeps m, entropy keeps (log Z, R/Z)). Keyed weakly by
+# the .grad tensor itself, so that replacing .grad or setting it to None
+# (zero_grad(set_to_none=True)) frees the old .grad and the raw value with it.
 _accumulated: WeakIdKeyDictionary = WeakIdKeyDictionary()
 # retain_grad() tensors, registered by torch_integration's retain_grad wrapper.
 _retained: dict[int, weakref.ref] = {}
@@ -169,13 +248,14 @@ def _register_retained(t: torch.Tensor) -> None:
 
 def _accumulated_value(part: Part, t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """⊕ of t's previous semiring .grad (as a raw value) and this pass's value."""
-    if t.grad is None:
+    previous = t.grad
+    if previous is None:
         return value
-    state = _accumulated.get(t)
-    if state is not None and state[0] == part.key and state[2] is t.grad and state[3] == t.grad._version:
+    state = _accumulated.get(previous)
+    if state is not None and state[0] == part.key and state[2] == previous._version:
         return part.handle.oplus(state[1], value)
     if part.name == "real":  # a stock gradient: real ⊕ is the stock +
-        return part.handle.oplus(t.grad.to(value.dtype).unsqueeze(0), value)
+        return part.handle.oplus(previous.to(value.dtype).unsqueeze(0), value)
     raise RuntimeError(
         f"torch_semiring: cannot ⊕-accumulate semiring '{part.name}' into the existing .grad of a "
         f"tensor of shape {tuple(t.shape)}: that .grad was not written by a '{part.name}' pass (or was "
@@ -202,7 +282,10 @@ def check_grad_semiring(sr: Resolved) -> Part:
 
 def write_grads(part: Part, updates, create_graph: bool) -> None:
     """``.grad = readout(previous ⊕ value)`` for each (tensor, raw value); all or nothing, then hooks."""
-    # Compute every new .grad first, so a failure leaves all .grad untouched.
+    # Compute every new .grad first, so a failure leaves all .grad untouched;
+    # then one C++ call writes them all (no Python line in between for a
+    # KeyboardInterrupt to land on). Entries for .grads that an interrupt kept
+    # from being written die with them (weak keys).
     staged = []
     for t, value in updates:
         raw = _accumulated_value(part, t, value)
@@ -210,9 +293,9 @@ def write_grads(part: Part, updates, create_graph: bool) -> None:
         if not create_graph:
             readout = readout.detach()
         staged.append((t, raw, readout.to(t.dtype)))
-    for t, raw, readout in staged:
-        t.grad = readout
-        _accumulated[t] = (part.key, raw.detach() if not create_graph else raw, t.grad, t.grad._version)
+    for _, raw, readout in staged:
+        _accumulated[readout] = (part.key, raw.detach() if not create_graph else raw, readout._version)
+    _C.assign_grads([t for t, _, _ in staged], [readout for _, _, readout in staged])
     for t, _, _ in staged:
         if t.is_leaf and t._post_accumulate_grad_hooks:
             for hook in list(t._post_accumulate_grad_hooks.values()):
@@ -240,8 +323,9 @@ def backward(
 
     Leaves (or ``inputs``) and ``retain_grad()`` tensors get
     ``.grad = readout(previous ⊕ this pass)``; nothing is written unless the
-    whole pass succeeds. Post-accumulate-grad hooks run afterwards. Ordinary
-    tensor hooks (``register_hook``) are for real gradients and are not called.
+    whole pass succeeds. Post-accumulate-grad hooks run afterwards. Tensor and
+    node hooks see readouts (engine/node_hooks.h). ``real`` is the stock
+    ``torch.autograd.backward`` itself.
     """
     from .mode import get_semiring
 
@@ -249,6 +333,10 @@ def backward(
     if sr is None:
         raise RuntimeError("torch_semiring: backward() needs a semiring (argument or ts.semiring(...) mode)")
     part = check_grad_semiring(sr)
+    if _is_stock(part):
+        outputs = _as_tuple(tensors)
+        return _stock_backward(outputs, _stock_seeds(outputs, grad_tensors), retain_graph, create_graph,
+                               inputs=inputs)
     outputs = _as_tuple(tensors)
     explicit = inputs is not None
     wanted = list(_as_tuple(inputs)) if explicit else []

@@ -44,8 +44,8 @@ def semiring(spec: Any, *, decompose: bool = False, **params) -> Iterator[Resolv
     """
     previous = get_semiring()
     resolved = resolve(spec, **params)
-    _set(resolved)
-    try:
+    try:  # set inside the try: an interrupt right after setting still restores
+        _set(resolved)
         if decompose:
             from .decompose import decomposed
 

@@ -111,12 +111,12 @@ class _Tracer:
     """Follows origin ids back through the recorded buffers."""
 
     def __init__(self, handle, records, model=None, seq_len=None, num_heads=None):
+        # Nodes come as _C.NodeRef (held without a Python wrapper: see
+        # bindings.cpp, a deep graph whose nodes all had one crashes when freed).
         self.E = handle.origin_entries
         self.records = {}
-        self._keep = []  # node objects stay alive, so id() keys stay valid
         for node, slot, value, contributors, n in records:
-            self._keep.append(node)
-            self.records[(id(node), slot)] = (node, value.reshape(value.shape[0], -1), value.shape[1:],
+            self.records[(node.key, slot)] = (node, value.reshape(value.shape[0], -1), value.shape[1:],
                                               contributors, n)
         self.param_names = {}
         if model is not None:
@@ -131,10 +131,11 @@ class _Tracer:
             flat, i = divmod(flat, size)
             index.append(i)
         index = tuple(reversed(index))
-        if hasattr(node, "variable"):
-            name, module = "leaf", self.param_names.get(id(node.variable))
+        variable = node.variable
+        if variable is not None:
+            name, module = "leaf", self.param_names.get(id(variable))
         else:
-            name, module = node.name(), (node.metadata.get("module") if hasattr(node, "metadata") else None)
+            name, module = node.name(), node.module
         token = head = None
         dims = list(shape)
         if self.seq_len is not None:
@@ -157,11 +158,12 @@ class _Tracer:
         stops every walk once its first link is known.
         """
         chains = [[] for _ in starts]
-        active = [(w, node, slot, flat, entry) for w, (node, slot, flat, entry) in enumerate(starts)]
+        active = [(w, node if isinstance(node, _C.NodeRef) else _C.NodeRef(node), slot, flat, entry)
+                  for w, (node, slot, flat, entry) in enumerate(starts)]
         while active:
             looked = []
             for w, node, slot, flat, entry in active:
-                key = (id(node), slot)
+                key = (node.key, slot)
                 if key not in self.records:
                     raise RuntimeError(f"torch_semiring: no recorded value for {node.name()} slot {slot}")
                 looked.append(self.records[key])
@@ -188,8 +190,8 @@ class _Tracer:
 
     @staticmethod
     def _locate(node, element):
-        for slot, meta in enumerate(node._input_metadata):
-            size = math.prod(meta.shape)
+        for slot, (shape, _, _) in enumerate(node.outputs):
+            size = math.prod(shape)
             if element < size:
                 return slot, element
             element -= size
@@ -198,17 +200,12 @@ class _Tracer:
 
 def _local_derivative(producer, edge, out_slot, out_flat, in_shape, in_flat) -> Optional[torch.Tensor]:
     """∂(producer output element)/∂(input element) as the node's own backward computes it: a 0-dim
-    float64 tensor on the node's device (read by the caller together with the others), None for a
-    node that cannot be called this way."""
-    grads = [torch.zeros(m.shape, dtype=m.dtype, device=m.device) for m in producer._input_metadata]
+    float64 tensor on the node's device (read by the caller together with the others). ``producer``
+    is a _C.NodeRef."""
+    grads = [torch.zeros(shape, dtype=dtype, device=device) for shape, dtype, device in producer.outputs]
     grads[out_slot].view(-1)[out_flat] = 1
-    try:
-        with torch.no_grad():
-            result = producer(*grads)
-    except TypeError:  # Python autograd.Function nodes are not callable this way
-        return None
-    if isinstance(result, torch.Tensor):
-        result = (result,)
+    with torch.no_grad():
+        result = producer(grads)
     g = result[edge]
     if g is None:
         return torch.zeros((), dtype=torch.float64, device=grads[out_slot].device)
@@ -307,18 +304,13 @@ class track_modules:
             # A torch function may create several nodes (F.linear: view, addmm,
             # view); only the last is its output's grad_fn, so every new node
             # between the call's inputs and its outputs is labelled.
+            # (In C++, without grad_fn objects: a node given one is freed
+            # recursively by torch, which a deep graph does not survive.)
             def __torch_function__(self, func, types, args=(), kwargs=None):
                 kwargs = kwargs or {}
                 out = func(*args, **kwargs)
                 if tracker.stack:
-                    inputs = {id(t.grad_fn) for t in _tensors((args, kwargs)) if t.grad_fn is not None}
-                    work = [t.grad_fn for t in _tensors(out) if t.grad_fn is not None]
-                    while work:
-                        fn = work.pop()
-                        if fn is None or id(fn) in inputs or "module" in fn.metadata or hasattr(fn, "variable"):
-                            continue
-                        fn.metadata["module"] = tracker.stack[-1]
-                        work.extend(n for n, _ in fn.next_functions)
+                    _C.label_nodes(list(_tensors(out)), list(_tensors((args, kwargs))), tracker.stack[-1])
                 return out
 
         def enter(name):
@@ -415,7 +407,7 @@ def component_flow(
         consumer = None
         if len(chain[0]) > 6:
             producer = chain[0][6][0]
-            consumer = producer.metadata.get("module") if hasattr(producer, "metadata") else None
+            consumer = producer.module
         row.update(branch=_branch(consumer, branches), consumer=consumer)
     rows = [{key: row[key] for key in ("layer", "batch", "token", "branch", "value", "consumer")} for row in rows]
     return pd.DataFrame(rows)
