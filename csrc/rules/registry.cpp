@@ -25,7 +25,7 @@ std::vector<int64_t> dims_of(const torch::autograd::InputMetadata& meta) {
 }  // namespace
 
 void register_rule(const std::string& node_name, Rule rule, const std::string& family) {
-  const bool moves_values = family == "placement" || family == "broadcast";
+  const bool moves_values = family == "placement" || family == "broadcast" || family == "identity";
   table()[node_name] = RuleEntry{std::move(rule), family, moves_values};
 }
 

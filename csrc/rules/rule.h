@@ -50,7 +50,7 @@ using Rule = std::function<std::vector<at::Tensor>(const RuleContext&, const std
 struct RuleEntry {
   Rule rule;
   std::string family;  // for logs and the coverage listing: "pointwise", "matmul", …
-  // Placement and broadcast rules only move values and ⊕-sum them (no ⊗ with a
+  // Placement, broadcast and identity rules only move values and ⊕-sum them (no ⊗ with a
   // weight), so a +∞ value (an overflowed count or abs sum) passes through
   // them exactly: apply_rule skips the +∞ split for them (set from the family).
   bool moves_values = false;
