@@ -107,8 +107,10 @@ check_series() {
 }
 
 if [[ $check -eq 1 && -n "$preimage" ]]; then
-  exec python "$here/tools/patch_check/run.py" --apply-only --preimage "$preimage" \
-    --build "$(mktemp -d)"
+  scratch="$(mktemp -d)"
+  trap 'rm -rf "$scratch"' EXIT
+  python "$here/tools/patch_check/run.py" --apply-only --preimage "$preimage" --build "$scratch"
+  exit $?
 fi
 
 if [[ -z "$src" ]]; then
