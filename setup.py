@@ -4,6 +4,7 @@ The source list lives in csrc/sources.txt (CMakeLists.txt reads the same
 file). The rule tables derived from the installed torch's derivatives.yaml are
 generated into build/generated before compiling.
 """
+import glob
 import os
 import subprocess
 import sys
@@ -23,6 +24,15 @@ WITH_PRELOAD = sys.platform.startswith("linux")
 if WITH_PRELOAD:
     subprocess.check_call([sys.executable, os.path.join(ROOT, "tools", "gen_preload_symbols.py"), GENERATED])
 
+# The interface of the upstream patch series (torch/csrc/autograd/semiring.h, created by patch 0001), which
+# csrc/hooks/series_hooks.cpp implements, extracted from the patch; a torch built with the series has its
+# own copy, found first (-idirafter comes after torch's include dirs).
+SERIES_INCLUDE = os.path.join(ROOT, "build", "series", "include")
+subprocess.check_call([sys.executable, os.path.join(ROOT, "tools", "series_files.py"), "new",
+                       glob.glob(os.path.join(ROOT, "patches", "pytorch", "0001-*.patch"))[0],
+                       "torch/csrc/autograd/semiring.h",
+                       os.path.join(SERIES_INCLUDE, "torch", "csrc", "autograd", "semiring.h")])
+
 with open(os.path.join(ROOT, "csrc", "sources.txt")) as f:
     sources = [line.strip() for line in f if line.strip() and not line.startswith("#")]
 sources.append(os.path.relpath(os.path.join(GENERATED, "generated_rules.cpp"), ROOT))
@@ -37,7 +47,7 @@ CUDA_DIR = os.path.join(ROOT, "csrc", "kernels", "cuda")
 NVCC = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
 WITH_CUDA = bool(torch.version.cuda) and NVCC is not None and os.path.exists(NVCC)
 include_dirs = [GENERATED, os.path.join(ROOT, "csrc")]
-cxx_flags = ["-O2", "-std=c++17", "-Wno-unused-parameter"]
+cxx_flags = ["-O2", "-std=c++17", "-Wno-unused-parameter", "-idirafter", SERIES_INCLUDE]
 if WITH_CUDA:
     cxx_flags.append("-DTS_WITH_CUDA_KERNELS")  # kernels/device_gemm.cpp calls them for CUDA tensors
     cu = sorted(os.path.relpath(os.path.join(CUDA_DIR, f), ROOT) for f in os.listdir(CUDA_DIR) if f.endswith(".cu"))

@@ -73,40 +73,16 @@ std::vector<int64_t> shape_of(const InputMetadata& meta) {
   return shape;
 }
 
-// ---- the hooks -----------------------------------------------------------------
+// ---- the interposer's hooks: which semiring is active, the wheel's own code
+// for plain tensors, and the stock engine kept out of the way while rules run;
+// the semantics themselves are the shared functions at the end of this file.
 
 // ⊗: grads arrive wrapped; the node's rule maps them to its inputs' values.
 void node_apply(void* self, void* grads_ptr, void* result, void* /*original*/) {
   Node& node = *static_cast<Node*>(self);  // Node is the primary base of every interposed node type
-  auto& grads = *static_cast<variable_list*>(grads_ptr);
   const Semiring& sr = active_semiring();
-  std::vector<at::Tensor> values(grads.size());
-  bool any_value = false;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    if (!grads[i].defined()) continue;
-    TORCH_CHECK(is_wrapped_value(grads[i]), "torch_semiring: ", node.name(), " received a plain gradient at "
-                "output ", i, " while semiring '", sr.name(), "' is active; ", kNotIntercepted);
-    values[i] = unwrap_value(grads[i]);
-    any_value = true;
-  }
-  const auto& edges = node.next_edges();
-  variable_list outputs(edges.size());
-  if (any_value) {
-    std::vector<bool> needed(edges.size(), false);
-    for (size_t j = 0; j < edges.size(); ++j) needed[j] = edges[j].is_valid() && node.task_should_compute_output(j);
-    std::vector<at::Tensor> out;
-    {
-      PreloadSuspended stock;  // the rule may call the node's own backward
-      out = apply_rule(node, sr, std::move(needed), values, at::GradMode::is_enabled());
-    }
-    // Shapes stay as the rule made them (the engine's validate_outputs then
-    // calls reduce_grad for broadcast ones); dtypes become the inputs'.
-    for (size_t j = 0; j < out.size(); ++j)
-      if (out[j].defined() && edges[j].is_valid())
-        outputs[j] = wrap_value(std::move(out[j]), sr,
-                                c10::typeMetaToScalarType(edges[j].function->input_metadata(edges[j].input_nr).dtype()));
-  }
-  new (result) variable_list(std::move(outputs));
+  PreloadSuspended stock;  // the rule may call the node's own backward
+  new (result) variable_list(node_values(node, sr, *static_cast<variable_list*>(grads_ptr), kNotIntercepted));
 }
 
 // ⊕ where two values meet in one input buffer slot. The first value is stored
@@ -123,13 +99,10 @@ void input_buffer_add(void* buffer_ptr, size_t pos, void* var_ptr, const void* p
     return reinterpret_cast<Add>(original)(&buffer, pos, &var, producer_stream, consumer_stream, fn);
   }
   const Semiring& sr = active_semiring();
-  TORCH_CHECK(is_wrapped_value(var) && is_wrapped_value(old), "torch_semiring: a plain gradient met a value of "
-              "semiring '", sr.name(), "' in an input buffer of ", fn ? static_cast<Node*>(fn)->name() : "a node",
-              "; ", kNotIntercepted);
   TORCH_CHECK(var.device().is_cpu(), "torch_semiring: the LD_PRELOAD harness runs CPU graphs only (device ",
               var.device(), "); CUDA streams need the patched engine (patches/pytorch/)");
   PreloadSuspended stock;
-  old = wrap_value(sr.oplus(unwrap_value(old), unwrap_value(var)), sr, old.scalar_type());
+  old = oplus_values(sr, old, var, fn ? static_cast<Node*>(fn)->name() : "a node", kNotIntercepted);
   var = at::Tensor();  // consumed, as the stock add consumes it
 }
 
@@ -144,8 +117,7 @@ void reduce_grad(const void* meta_ptr, void* grad_ptr, void* result, void* origi
   }
   const Semiring& sr = active_semiring();
   PreloadSuspended stock;
-  auto reduced = oplus_sum_to(sr, unwrap_value(grad), shape_of(meta), "a node");
-  new (result) at::Tensor(wrap_value(std::move(reduced), sr, grad.scalar_type()));
+  new (result) at::Tensor(reduce_value(sr, grad, meta));
 }
 
 // A leaf's total value: kept until the pass has succeeded.
@@ -177,13 +149,8 @@ void engine_execute(void* self, const void* roots_ptr, const void* inputs_ptr, i
   variable_list seeds(inputs.size());
   {
     PreloadSuspended stock;
-    // grad_output entries are weights of edges to a virtual sink: lifted
-    // (the default all-ones grad_outputs become the semiring one).
     for (size_t i = 0; i < inputs.size(); ++i)
-      if (inputs[i].defined()) {
-        const auto dtype = inputs[i].scalar_type();
-        seeds[i] = wrap_value(sr.lift(inputs[i].detach().to(sr.value_dtype(dtype))), sr, dtype);
-      }
+      if (inputs[i].defined()) seeds[i] = lift_seed_value(sr, inputs[i]);
   }
   LeafValues leaves;
   struct Pending {
@@ -198,7 +165,7 @@ void engine_execute(void* self, const void* roots_ptr, const void* inputs_ptr, i
       create_graph != 0, accumulate != 0, *static_cast<const edge_list*>(outputs_ptr));
   PreloadSuspended stock;
   for (auto& t : captured)
-    if (t.defined() && is_wrapped_value(t)) t = sr.readout(unwrap_value(t));
+    if (t.defined() && is_wrapped_value(t)) t = readout_value(sr, t);
   if (!leaves.variables.empty()) {
     TORCH_CHECK(leaf_accumulator(), "torch_semiring: no .grad accumulator installed (import torch_semiring)");
     leaf_accumulator()(leaves.variables, leaves.values);
@@ -254,5 +221,52 @@ PreloadSuspended::PreloadSuspended() : previous_(interposer.active ? interposer.
 PreloadSuspended::~PreloadSuspended() {
   if (previous_) interposer.set_active(previous_);
 }
+
+// ---- the hook semantics, shared by both routes ----------------------------------
+
+at::Tensor lift_seed_value(const Semiring& sr, const at::Tensor& grad_output) {
+  // grad_output entries are weights of edges to a virtual sink: lifted (the
+  // default all-ones grad_outputs become the semiring one).
+  const auto dtype = grad_output.scalar_type();
+  return wrap_value(sr.lift(grad_output.detach().to(sr.value_dtype(dtype))), sr, dtype);
+}
+
+at::Tensor oplus_values(const Semiring& sr, const at::Tensor& a, const at::Tensor& b, const std::string& where,
+                        const char* plain_note) {
+  TORCH_CHECK(is_wrapped_value(a) && is_wrapped_value(b), "torch_semiring: a plain gradient met a value of "
+              "semiring '", sr.name(), "' in an input buffer of ", where, "; ", plain_note);
+  return wrap_value(sr.oplus(unwrap_value(a), unwrap_value(b)), sr, a.scalar_type());
+}
+
+at::Tensor reduce_value(const Semiring& sr, const at::Tensor& value, const InputMetadata& meta) {
+  return wrap_value(oplus_sum_to(sr, unwrap_value(value), shape_of(meta), "a node"), sr, value.scalar_type());
+}
+
+variable_list node_values(Node& node, const Semiring& sr, const variable_list& grads, const char* plain_note) {
+  std::vector<at::Tensor> values(grads.size());
+  bool any_value = false;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    if (!grads[i].defined()) continue;
+    TORCH_CHECK(is_wrapped_value(grads[i]), "torch_semiring: ", node.name(), " received a plain gradient at "
+                "output ", i, " while semiring '", sr.name(), "' is active; ", plain_note);
+    values[i] = unwrap_value(grads[i]);
+    any_value = true;
+  }
+  const auto& edges = node.next_edges();
+  variable_list outputs(edges.size());
+  if (!any_value) return outputs;
+  std::vector<bool> needed(edges.size(), false);
+  for (size_t j = 0; j < edges.size(); ++j) needed[j] = edges[j].is_valid() && node.task_should_compute_output(j);
+  auto out = apply_rule(node, sr, std::move(needed), values, at::GradMode::is_enabled());
+  // Shapes stay as the rule made them (the engine's validate_outputs then
+  // calls reduce_grad for broadcast ones); dtypes become the inputs'.
+  for (size_t j = 0; j < out.size(); ++j)
+    if (out[j].defined() && edges[j].is_valid())
+      outputs[j] = wrap_value(std::move(out[j]), sr,
+                              c10::typeMetaToScalarType(edges[j].function->input_metadata(edges[j].input_nr).dtype()));
+  return outputs;
+}
+
+at::Tensor readout_value(const Semiring& sr, const at::Tensor& value) { return sr.readout(unwrap_value(value)); }
 
 }  // namespace torch_semiring

@@ -10,7 +10,8 @@
 //   AccumulateGrad::apply        the leaf's value, ⊕-accumulated into .grad
 // Values travel as wrapped tensors (semiring_value.h). Off (no semiring, or
 // `real`, whose values are the stock gradients) every hook is the wheel's own
-// code, untouched.
+// code, untouched. The semantics of each hook are shared with series_hooks.cpp
+// (declared at the end of this file).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -21,6 +22,11 @@
 #include <vector>
 
 #include "../semiring/semiring.h"
+
+namespace torch::autograd {
+struct InputMetadata;
+struct Node;
+}  // namespace torch::autograd
 
 namespace torch_semiring {
 
@@ -55,5 +61,27 @@ class PreloadSuspended {
  private:
   const void* previous_;
 };
+
+// ---- The hook semantics, shared by both routes: the interposer's hooks (this
+// file) and series_hooks.cpp, this library's SemiringHooks for a PyTorch built
+// with patches/pytorch/. Values are wrapped tensors (semiring_value.h); the
+// caller keeps the engine's own semiring handling off while these run (rules
+// call nodes' own backward). `plain_note` ends the error raised when a plain
+// gradient shows up where a value was expected: it says how that can happen
+// on the caller's route.
+
+// A root grad (grad_outputs entry or the ones() of a scalar output) → lift(w).
+at::Tensor lift_seed_value(const Semiring& sr, const at::Tensor& grad_output);
+// a ⊕ b where two values meet in an input buffer of `where`.
+at::Tensor oplus_values(const Semiring& sr, const at::Tensor& a, const at::Tensor& b, const std::string& where,
+                        const char* plain_note);
+// The ⊕-reduction over the dims a forward op broadcast (the semiring sum_to).
+at::Tensor reduce_value(const Semiring& sr, const at::Tensor& value, const torch::autograd::InputMetadata& meta);
+// ⊗: `node`'s rule applied to the values at its outputs; one value (or an
+// undefined tensor) per next edge.
+std::vector<at::Tensor> node_values(torch::autograd::Node& node, const Semiring& sr,
+                                    const std::vector<at::Tensor>& grads, const char* plain_note);
+// What torch.autograd.grad returns for a captured value.
+at::Tensor readout_value(const Semiring& sr, const at::Tensor& value);
 
 }  // namespace torch_semiring

@@ -19,6 +19,7 @@
 #include "../engine/engine.h"
 #include "../engine/node_hooks.h"
 #include "../hooks/engine_hooks.h"
+#include "../hooks/series_hooks.h"
 #include "../kernels/cpu_gemm.h"
 #include "../kernels/device_gemm.h"
 #include "../kernels/lift_cache.h"
@@ -154,6 +155,27 @@ std::vector<std::string>& python_rule_names() {
 std::unordered_map<std::string, std::vector<RuleEntry>>& shadowed_rules() {
   static std::unordered_map<std::string, std::vector<RuleEntry>> shadowed;
   return shadowed;
+}
+
+// A Python callable the engine calls back (from any of its threads), kept for
+// the process's life: leaked on purpose, it must not be destroyed after the
+// interpreter (static).
+py::function* held_callback(py::function fn) { return new py::function(std::move(fn)); }
+
+// Calls `fn` with the GIL. A Python exception crosses the C++ engine as
+// torch's python_error, which the engine's Python entry point restores: the
+// caller sees the original exception.
+template <class... Args>
+void call_from_engine(const py::function& fn, const Args&... args) {
+  py::gil_scoped_acquire gil;
+  try {
+    fn(args...);
+  } catch (py::error_already_set& e) {
+    e.restore();
+    python_error err;
+    err.persist();
+    throw err;
+  }
 }
 
 }  // namespace
@@ -311,23 +333,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("preload_set_semiring", [](std::shared_ptr<Semiring> sr) { set_preload_semiring(std::move(sr)); },
         py::arg("semiring").none(true));
   m.def("preload_set_accumulator", [](py::function fn) {
-    // Leaked on purpose: must not be destroyed after the interpreter (static).
-    auto* held = new py::function(std::move(fn));
+    auto* held = held_callback(std::move(fn));
     set_preload_accumulator([held](const std::vector<at::Tensor>& leaves, const std::vector<at::Tensor>& values) {
-      py::gil_scoped_acquire gil;
-      try {
-        (*held)(leaves, values);
-      } catch (py::error_already_set& e) {
-        // Crosses the C++ engine as torch's python_error, which the engine's
-        // Python entry point restores: the caller sees the original exception.
-        e.restore();
-        python_error err;
-        err.persist();
-        throw err;
-      }
+      call_from_engine(*held, leaves, values);
     });
   });
   m.def("preload_symbols", &preload_symbols);
+  // The upstream series (csrc/hooks/series_hooks.h): registers the semirings
+  // with a patched torch's registry; False on a stock torch.
+  m.def("series_register", [](py::function accumulate) {
+    auto* held = held_callback(std::move(accumulate));
+    return register_series_semirings(
+        [held](const at::Tensor& leaf, const at::Tensor& value, const std::string& semiring, int64_t components) {
+          call_from_engine(*held, leaf, value, semiring, components);
+        });
+  });
 
   m.def("register_rule", [](const std::string& name, py::function fn, const std::string& family) {
     const RuleEntry* before = find_rule(name);

@@ -280,8 +280,9 @@ def check_grad_semiring(sr: Resolved) -> Part:
     return part
 
 
-def write_grads(part: Part, updates, create_graph: bool) -> None:
-    """``.grad = readout(previous ⊕ value)`` for each (tensor, raw value); all or nothing, then hooks."""
+def write_grads(part: Part, updates, create_graph: bool, run_hooks: bool = True) -> None:
+    """``.grad = readout(previous ⊕ value)`` for each (tensor, raw value); all or nothing, then hooks
+    (unless ``run_hooks`` is False: the caller's engine runs them)."""
     # Compute every new .grad first, so a failure leaves all .grad untouched;
     # then one C++ call writes them all (no Python line in between for a
     # KeyboardInterrupt to land on). Entries for .grads that an interrupt kept
@@ -297,7 +298,7 @@ def write_grads(part: Part, updates, create_graph: bool) -> None:
         _accumulated[readout] = (part.key, raw.detach() if not create_graph else raw, readout._version)
     _C.assign_grads([t for t, _, _ in staged], [readout for _, _, readout in staged])
     for t, _, _ in staged:
-        if t.is_leaf and t._post_accumulate_grad_hooks:
+        if run_hooks and t.is_leaf and t._post_accumulate_grad_hooks:
             for hook in list(t._post_accumulate_grad_hooks.values()):
                 hook(t)
 
@@ -307,6 +308,14 @@ def _accumulate_from_preload(leaves, values) -> None:
     from .mode import get_semiring
 
     write_grads(check_grad_semiring(get_semiring()), list(zip(leaves, values)), create_graph=False)
+
+
+def _accumulate_from_series(leaf, value, name: str, components: int) -> None:
+    """The .grad step of AccumulateGrad in a torch built with the upstream series (patches/pytorch/,
+    csrc/hooks/series_hooks.h): one leaf at a time, when the engine reaches it, as stock autograd writes
+    .grad; the engine runs the post-accumulate-grad hooks afterwards."""
+    params = {"k": components} if name == "kmax" else {}
+    write_grads(check_grad_semiring(resolve(name, **params)), [(leaf, value)], create_graph=False, run_hooks=False)
 
 
 def backward(

@@ -7,7 +7,10 @@
   arguments and call the stock functions: PyTorch's engine is then
   semiring-aware itself.
 - ``torch.autograd.set_semiring`` / ``torch.autograd.semiring`` are provided
-  when the installed torch lacks them (a torch built with patches/ has them).
+  when the installed torch lacks them. A torch built with the upstream series
+  (patches/pytorch/) has them, and a semiring registry: this library's
+  semirings are registered there (csrc/hooks/series_hooks.h), so its engine
+  runs them.
 - ``Tensor.retain_grad`` also records the tensor, so a semiring ``.backward()``
   can ⊕ into its ``.grad`` (the stock retain-grad hook only knows ``+``).
 """
@@ -17,13 +20,16 @@ import functools
 
 import torch
 
-from . import engine, mode, preload
+from . import _C, engine, mode, preload
 
 _installed = False
+# True when the running torch has the upstream series' semiring registry and this library's semirings are
+# registered in it (a torch built with patches/pytorch/, or make patch-check's preloaded engine).
+series_registered = False
 
 
 def install() -> None:
-    global _installed
+    global _installed, series_registered
     if _installed:
         return
     _installed = True
@@ -72,6 +78,7 @@ def install() -> None:
     torch.autograd.backward = backward
     torch.autograd.grad = grad
     torch.Tensor.retain_grad = retain_grad
+    series_registered = _C.series_register(engine._accumulate_from_series)  # False on a torch without the series
     if not hasattr(torch.autograd, "set_semiring"):
         torch.autograd.set_semiring = mode.set_semiring
     if not hasattr(torch.autograd, "semiring"):

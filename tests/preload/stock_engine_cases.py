@@ -1,10 +1,14 @@
-"""The stock engine under the LD_PRELOAD interposer equals the out-of-tree engine.
+"""PyTorch's own engine, made semiring-aware, equals the out-of-tree engine.
 
-Not collected by `pytest tests` (no test_ prefix): tests/test_preload.py runs
-this file in a subprocess started with LD_PRELOAD. Each case runs PyTorch's own
-``.backward()`` / ``torch.autograd.grad`` with ``torch.autograd.set_semiring``
-and compares with ``torch_semiring.grad`` (the out-of-tree engine), per model
-and per semiring, in float64.
+Not collected by `pytest tests` (no test_ prefix). Two routes run it in a
+subprocess: tests/test_preload.py with the LD_PRELOAD interposer, and
+`make patch-check` (tools/patch_check/run.py) with the upstream series'
+patched engine preloaded and torch-semiring's semirings registered through the
+series' API. Each case runs PyTorch's own ``.backward()`` /
+``torch.autograd.grad`` with ``torch.autograd.set_semiring`` and compares with
+``torch_semiring.grad`` (the out-of-tree engine), per model and per semiring,
+in float64. A few cases are about the interposer itself (its symbol table,
+semirings it accepts beyond registered names); they are skipped on the series.
 """
 from __future__ import annotations
 
@@ -14,11 +18,14 @@ import pytest
 import torch
 
 import torch_semiring as ts
-from torch_semiring import preload
+from torch_semiring import preload, torch_integration
 
 from models import MODELS
 
-assert preload.loaded(), "this file runs only under LD_PRELOAD (tests/test_preload.py starts it)"
+SERIES = torch_integration.series_registered  # the series' engine (make patch-check), not the interposer
+assert preload.loaded() or SERIES, "this file runs only under LD_PRELOAD (tests/test_preload.py starts it)"
+interposer_only = pytest.mark.skipif(SERIES, reason="about the LD_PRELOAD interposer; the series takes registered "
+                                                    "names only")
 
 GRAD_SEMIRINGS = ["real", "abs", "count", "log", "max_abs", "viterbi", "max_prod", "entropy"]
 
@@ -123,6 +130,7 @@ def test_mode_is_thread_local():
     assert torch.equal(seen["grad"], stock)
 
 
+@interposer_only
 def test_interposed_symbols_are_defined_by_the_wheel():
     symbols = preload.symbols()
     assert len(symbols) > 700
@@ -168,6 +176,7 @@ def test_create_graph_is_refused():
         torch.autograd.grad(loss_fn(), [x], create_graph=True)
 
 
+@interposer_only
 def test_product_is_refused_for_grad():
     x, _, loss_fn = MODELS["mlp"]()
     with torch.autograd.semiring(("viterbi", "entropy")), pytest.raises(RuntimeError, match="several semirings"):
@@ -206,6 +215,7 @@ def test_readme_example_runs_on_pytorchs_engine():
     assert scope["x"].grad.item() == 2.0 and scope["y"].grad.item() == 4.0
 
 
+@interposer_only
 def test_python_semiring_through_pytorchs_engine():
     # the engine runs without the GIL; the Python semiring's calls take it
     from test_api import PyMaxPlus
