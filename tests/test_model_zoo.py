@@ -225,7 +225,11 @@ def test_small_models_match_reference(name, dtype, sizes, semiring):
     expected = reference_values(out, [x], semiring, k=K)[0]
     (actual,) = ts.grad(out, x, semiring=semiring, **({"k": K} if semiring == "kmax" else {}))
     what = f"{name}/{semiring}"
-    if dtype == torch.float64:
+    # Phi's rotary embedding computes in float32 even in a float64 model (a
+    # ToCopyBackward0 in the graph; `real` still equals autograd exactly), so
+    # edge weights read one element at a time round differently, as Llama's
+    # RMSNorm in test_transformers: compare at float32 precision.
+    if dtype == torch.float64 and name != "phi":
         assert_values_equal(actual, expected, semiring, what)
     else:
         assert_close_float32(actual.double(), expected, what)

@@ -149,10 +149,10 @@ Rule declared_pointwise_rule(py::object forward_cls) {
     std::string mismatch;
     {
       py::gil_scoped_acquire gil;
-      auto* py_node = dynamic_cast<torch::autograd::PyNode*>(&ctx.node);
-      py::object actual = py::none();
-      if (py_node && py_node->pyobj())
-        actual = py::getattr(py::type::handle_of(py::handle(py_node->pyobj())), "_forward_cls", py::none());
+      // (PyNode's type info is not exported by libtorch: no dynamic_cast; the
+      // node's Python object says which Function class made it.)
+      auto node = node_to_py(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&ctx.node));
+      py::object actual = py::getattr(py::type::handle_of(node), "_forward_cls", py::none());
       if (!actual.is(forward_cls))
         mismatch = "torch_semiring: node " + ctx.node.name() + " belongs to " + py::repr(actual).cast<std::string>() +
                    ", but it was declared pointwise for " + py::repr(forward_cls).cast<std::string>() +
