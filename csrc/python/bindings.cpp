@@ -142,6 +142,28 @@ Rule python_rule(py::function fn) {
   };
 }
 
+// The rule of an autograd.Function declared pointwise (ts.register_pointwise):
+// the checked diagonal rule, for nodes of exactly `forward_cls` — another
+// Function class of the same name is refused rather than assumed pointwise.
+Rule declared_pointwise_rule(py::object forward_cls) {
+  return [forward_cls](const RuleContext& ctx, const std::vector<at::Tensor>& grads) -> std::vector<at::Tensor> {
+    std::string mismatch;
+    {
+      py::gil_scoped_acquire gil;
+      // (PyNode's type info is not exported by libtorch: no dynamic_cast; the
+      // node's Python object says which Function class made it.)
+      auto node = node_to_py(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&ctx.node));
+      py::object actual = py::getattr(py::type::handle_of(node), "_forward_cls", py::none());
+      if (!actual.is(forward_cls))
+        mismatch = "torch_semiring: node " + ctx.node.name() + " belongs to " + py::repr(actual).cast<std::string>() +
+                   ", but it was declared pointwise for " + py::repr(forward_cls).cast<std::string>() +
+                   "; two autograd.Function classes share a name — rename one or register a rule by node name";
+    }
+    TORCH_CHECK_VALUE(mismatch.empty(), mismatch);
+    return declared_diagonal_rule(ctx, grads);
+  };
+}
+
 // Names whose rules hold Python callables: released at interpreter exit, while
 // the GIL still exists (a static registry would destroy them too late).
 std::vector<std::string>& python_rule_names() {
@@ -349,12 +371,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         });
   });
 
-  m.def("register_rule", [](const std::string& name, py::function fn, const std::string& family) {
+  // Both keep what they replace, for unregister_rule.
+  auto register_from_python = [](const std::string& name, Rule rule, const std::string& family) {
     const RuleEntry* before = find_rule(name);
     shadowed_rules()[name].push_back(before ? *before : RuleEntry{});
-    register_rule(name, python_rule(std::move(fn)), family);
+    register_rule(name, std::move(rule), family);
     python_rule_names().push_back(name);
+  };
+  m.def("register_rule", [register_from_python](const std::string& name, py::function fn, const std::string& family) {
+    register_from_python(name, python_rule(std::move(fn)), family);
   }, py::arg("node_name"), py::arg("rule"), py::arg("family") = "user");
+  m.def("register_pointwise", [register_from_python](const std::string& name, py::object forward_cls) {
+    register_from_python(name, declared_pointwise_rule(std::move(forward_cls)), "pointwise");
+  }, py::arg("node_name"), py::arg("forward_cls"),
+     "The checked diagonal (element-wise) rule for nodes of the autograd.Function forward_cls");
   m.def("unregister_rule", [](const std::string& name) {
     auto& names = python_rule_names();
     auto it = std::find(names.rbegin(), names.rend(), name);

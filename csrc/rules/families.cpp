@@ -56,6 +56,36 @@ std::vector<Tensor> diagonal_rule(const RuleContext& ctx, const std::vector<Tens
   return out;
 }
 
+std::vector<Tensor> declared_diagonal_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  const auto O = ctx.output_shape(0);
+  // One output element: J is one row, which diagonal_rule reads off exactly.
+  if (grads.empty() || !grads[0].defined() || c10::multiply_integers(O) == 1) return diagonal_rule(ctx, grads);
+  const auto opts = ctx.output_options(0);
+  const auto dtype = c10::typeMetaToScalarType(opts.dtype());
+  // Distinct values in [0.5, 1.5) without touching the RNG: the fractional
+  // parts of k·(golden ratio).
+  const Tensor probe = at::arange(c10::multiply_integers(O), opts.dtype(at::kDouble))
+                           .mul_(0.6180339887498949).frac_().add_(0.5).to(dtype).reshape(O);
+  std::vector<Tensor> with_probe(grads.size()), with_ones(grads.size());
+  with_probe[0] = probe;
+  with_ones[0] = at::ones(O, opts);
+  const auto by_probe = ctx.call_backward(std::move(with_probe));
+  const auto by_ones = ctx.call_backward(std::move(with_ones));
+  const bool reduced = dtype == at::kHalf || dtype == at::kBFloat16;
+  const double rtol = dtype == at::kDouble ? 1e-9 : reduced ? 1e-2 : 1e-5;
+  for (size_t i = 0; i < by_probe.size() && i < by_ones.size(); ++i) {
+    if (!ctx.needs(i) || !by_probe[i].defined() || !by_ones[i].defined()) continue;
+    const bool same_shape = by_probe[i].sizes() == by_ones[i].sizes() && by_ones[i].sizes() == at::IntArrayRef(O);
+    const Tensor expected = same_shape ? probe * by_ones[i] : Tensor();
+    const bool diagonal = same_shape && at::allclose(by_probe[i], expected, rtol, rtol * 1e-3, /*equal_nan=*/true);
+    TORCH_CHECK(diagonal, "torch_semiring: ", ctx.node.name(), " was declared pointwise (ts.register_pointwise), "
+                "but its backward is not element-wise for input ", i, ": the backward of a probe r differs from "
+                "r times the backward of ones, so its Jacobian is not diagonal. Register a rule for its true "
+                "Jacobian with ts.register_rule instead");
+  }
+  return diagonal_rule(ctx, grads);
+}
+
 Tensor zero_where_unreached(const Semiring& sr, const Tensor& moved, const Tensor& reached) {
   return at::where(reached != 0, moved, sr.zero(reached.sizes(), moved.options()));
 }

@@ -1,4 +1,5 @@
-// Hand-written rules for contractions: mm, addmm, bmm, baddbmm, mv, addmv, dot.
+// Hand-written rules for contractions: mm, addmm, bmm, baddbmm, mv, addmv, dot,
+// _grouped_mm.
 // All are one helper — `contract` — on the semiring's matmul:
 //   C = A·B   ⇒   v_A = g ⊗ Bᵀ,   v_B = (gᵀ ⊗ A)ᵀ     (⊗ = semiring matmul)
 // and scalar factors (alpha, beta) are edge weights of their own:
@@ -103,6 +104,83 @@ std::vector<Tensor> dot_rule(const RuleContext& ctx, const std::vector<Tensor>& 
   return out;
 }
 
+// torch._grouped_mm(A, B, offs): one matrix product per group, the groups cut
+// by the cumulative end offsets `offs` (G,) along one dim (transformers' MoE
+// experts kernel). Each group is a plain contraction of its slices, so its
+// values are the semiring matmul of those slices — no dense block-diagonal
+// matrix is ever formed. Elements no group covers (past offs[G-1]; an empty
+// group's expert matrix) have no edge: the semiring zero.
+//   A (M, K),    B (G, K, N): groups of rows of A / of the output (M, N)
+//   A (G, M, K), B (K, N):    groups of columns of B / of the output (M, N)
+//   A (M, K),    B (K, N):    groups of the contraction dim K; output (G, M, N)
+//   A (G, M, K), B (G, K, N): no offs, a batched product (bmm)
+// Cost: that of the G slice products, O(M·K·N) semiring work in all; the G
+// offsets are read to the host once per call (group sizes are data, as in
+// the op's own CPU kernel).
+std::vector<Tensor> grouped_mm_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  auto& n = static_cast<GroupedMmBackward0&>(ctx.node);
+  const auto& sr = ctx.semiring;
+  const Tensor& g = grads[0];
+  std::vector<Tensor> out(2);
+  const bool need_a = ctx.needs(0), need_b = ctx.needs(1);
+  if (!g.defined() || !(need_a || need_b)) return out;
+  const Tensor a = ctx.unpack(n.self_), b = ctx.unpack(n.mat2_);
+  const Tensor offs = ctx.unpack(n.offs_);
+  if (!offs.defined()) {  // 3-D x 3-D: a batched product
+    TORCH_CHECK(a.dim() == 3 && b.dim() == 3, "torch_semiring: GroupedMmBackward0 without offsets expects 3-D "
+                "operands, got ", a.sizes(), " and ", b.sizes());
+    return contraction(ctx, g, n.self_, n.mat2_);
+  }
+  const auto ends = offs.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* end = ends.const_data_ptr<int64_t>();
+  const int64_t G = ends.numel();
+  const auto opts = g.options();
+  const bool a2 = a.dim() == 2, b2 = b.dim() == 2;
+  TORCH_CHECK(a2 || b2, "torch_semiring: GroupedMmBackward0 with offsets expects a 2-D operand, got ", a.sizes(),
+              " and ", b.sizes());
+  // The extent cut by offs: rows of A (2-D x 3-D), columns of B (3-D x 2-D), K (2-D x 2-D).
+  const int64_t extent = a2 && !b2 ? a.size(0) : (!a2 && b2 ? b.size(1) : a.size(1));
+  std::vector<Tensor> a_parts, b_parts;
+  int64_t start = 0;
+  auto covered = [&](int64_t e) { return std::min(std::max(e, start), extent); };
+  for (int64_t i = 0; i < G; ++i) {
+    const int64_t stop = covered(end[i]);
+    if (a2 && !b2) {  // rows [start, stop) of A and of g use B[i]
+      const Tensor gi = g.slice(1, start, stop), bi = b[i];
+      if (need_a && stop > start) a_parts.push_back(value_of_lhs(sr, gi, bi));
+      if (need_b) b_parts.push_back(stop > start ? value_of_rhs(sr, gi, a.slice(0, start, stop))
+                                                 : sr.zero(bi.sizes(), opts));
+    } else if (!a2 && b2) {  // columns [start, stop) of B and of g use A[i]
+      const Tensor gi = g.slice(2, start, stop), ai = a[i];
+      if (need_a) a_parts.push_back(stop > start ? value_of_lhs(sr, gi, b.slice(1, start, stop))
+                                                 : sr.zero(ai.sizes(), opts));
+      if (need_b && stop > start) b_parts.push_back(value_of_rhs(sr, gi, ai));
+    } else {  // contraction indices [start, stop): out[i] = A[:, ks] @ B[ks, :]
+      const Tensor gi = g.select(1, i);
+      if (stop == start) continue;  // an empty group: out[i] has no edge (start stays)
+      if (need_a) a_parts.push_back(value_of_lhs(sr, gi, b.slice(0, start, stop)));
+      if (need_b) b_parts.push_back(value_of_rhs(sr, gi, a.slice(1, start, stop)));
+    }
+    start = stop;
+  }
+  // What no group covers: the semiring zero.
+  auto rest = [&](std::vector<int64_t> shape, int64_t dim) {
+    shape[dim] = extent - start;
+    return sr.zero(shape, opts);
+  };
+  // Element dims (after the component dim) along which the parts join.
+  const int64_t a_dim = a2 ? (b2 ? 2 : 1) : 1, b_dim = b2 ? (a2 ? 1 : 2) : 1;
+  if (need_a) {
+    if (a2) a_parts.push_back(rest(a.sizes().vec(), a_dim - 1));
+    out[0] = a2 ? at::cat(a_parts, a_dim) : at::stack(a_parts, a_dim);
+  }
+  if (need_b) {
+    if (b2) b_parts.push_back(rest(b.sizes().vec(), b_dim - 1));
+    out[1] = b2 ? at::cat(b_parts, b_dim) : at::stack(b_parts, b_dim);
+  }
+  return out;
+}
+
 }  // namespace
 
 void register_linear_algebra_rules() {
@@ -113,6 +191,7 @@ void register_linear_algebra_rules() {
   register_rule("MvBackward0", mv_rule, "matmul");
   register_rule("AddmvBackward0", addmv_rule, "matmul");
   register_rule("DotBackward0", dot_rule, "matmul");
+  register_rule("GroupedMmBackward0", grouped_mm_rule, "matmul");
 }
 
 }  // namespace torch_semiring

@@ -96,6 +96,13 @@ const std::vector<std::string>& generic_families();
 // - zero_where_unreached: a moved value whose unreached positions (where
 //   moving ones gave a numeric 0: no edge) hold the semiring zero.
 std::vector<at::Tensor> diagonal_rule(const RuleContext& ctx, const std::vector<at::Tensor>& grads);
+// - declared_diagonal_rule: diagonal_rule for a node whose Jacobian the user
+//   declared diagonal (ts.register_pointwise on an autograd.Function), with the
+//   declaration checked at run time: besides diagonal_rule's shape check, the
+//   node's backward of a fixed non-constant probe r must equal r times its
+//   backward of ones (true for every diagonal Jacobian; a mixing one — a
+//   cumsum, a matmul — fails it), else it raises. Costs two more backward calls.
+std::vector<at::Tensor> declared_diagonal_rule(const RuleContext& ctx, const std::vector<at::Tensor>& grads);
 at::Tensor zero_where_unreached(const Semiring& semiring, const at::Tensor& moved, const at::Tensor& reached);
 
 }  // namespace torch_semiring

@@ -20,13 +20,13 @@ from .decompose import decomposed
 from .engine import backward, grad
 from .mode import get_semiring, semiring, set_semiring
 from .paths import Path, Step, component_flow, dataset_flow, top_paths, track_modules
-from .rules import has_rule, register_rule, registered_rules, unregister_rule, using_rule
+from .rules import has_rule, register_pointwise, register_rule, registered_rules, unregister_rule, using_rule
 from .semirings import semirings
 from .torch_integration import install as _install
 
 __all__ = [
     "grad", "backward", "semiring", "set_semiring", "get_semiring", "semirings",
-    "register_rule", "unregister_rule", "using_rule", "has_rule", "registered_rules", "set_logging", "decomposed",
+    "register_rule", "register_pointwise", "unregister_rule", "using_rule", "has_rule", "registered_rules", "set_logging", "decomposed",
     "top_paths", "component_flow", "dataset_flow", "track_modules", "Path", "Step",
     "clear_lift_cache", "set_lift_cache_limit", "lift_cache_info",
 ]

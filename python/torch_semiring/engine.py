@@ -11,6 +11,7 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _C
+from .rules import declare_known_functions
 from .semirings import Part, Resolved, resolve
 
 # PyTorch's own entry points (torch_integration wraps the public names later):
@@ -152,6 +153,7 @@ def _roots_and_seeds(sr: Resolved, outputs: tuple, grad_outputs: Optional[Sequen
 
 
 def _run(sr: Resolved, outputs, grad_outputs, targets, retain_graph, create_graph, collect_leaves):
+    declare_known_functions()
     roots, seeds = _roots_and_seeds(sr, outputs, grad_outputs)
     keep = create_graph if retain_graph is None else retain_graph
     # The engine sets grad mode to create_graph itself (a C++ guard: restored

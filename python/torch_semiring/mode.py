@@ -13,12 +13,15 @@ import threading
 from typing import Any, Iterator
 
 from . import _C, preload
+from .rules import declare_known_functions
 from .semirings import Resolved, resolve
 
 _state = threading.local()
 
 
 def _set(resolved: Resolved | None) -> None:
+    if resolved is not None:
+        declare_known_functions()
     _state.semiring = resolved
     if preload.loaded():  # the interposer's thread-local switch follows the mode
         _C.preload_set_semiring(None if resolved is None else resolved.handle)

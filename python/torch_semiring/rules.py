@@ -16,6 +16,7 @@ them to each input's shape.
 from __future__ import annotations
 
 import contextlib
+import sys
 
 from typing import Any, Callable
 
@@ -57,6 +58,55 @@ def register_rule(target: Any, rule: Callable) -> None:
     )
 
 
+def register_pointwise(function: type) -> None:
+    """Declare a ``torch.autograd.Function`` subclass element-wise (pointwise):
+    its nodes get the generic diagonal rule, ``v_in = g ⊗ lift(backward(ones))``.
+
+    One line for a Function whose output element ``i`` depends on input element
+    ``i`` only (an activation written as a Function, e.g. Bloom's ``GeLUFunction``,
+    which torch_semiring declares itself when transformers' Bloom is imported)::
+
+        ts.register_pointwise(MyGelu)
+
+    The declaration is checked at every use: the backward must return weights
+    of the output's shape, and its backward of a fixed non-constant probe ``r``
+    must equal ``r`` times its backward of ones — a Function that mixes
+    elements raises instead of giving a wrong number. Undo with
+    :func:`unregister_rule`.
+    """
+    if not (isinstance(function, type) and issubclass(function, torch.autograd.Function)):
+        raise TypeError("torch_semiring.register_pointwise takes a torch.autograd.Function subclass, "
+                        f"got {function!r}")
+    _C.register_pointwise(function.__name__ + "Backward", function)
+
+
+# Pointwise autograd.Functions of libraries torch_semiring knows, declared as
+# soon as their module has been imported (never importing it itself):
+# module name -> Function class names in it.
+_KNOWN_POINTWISE = {
+    "transformers.models.bloom.modeling_bloom": ("GeLUFunction",),
+}
+_declared_known: set[str] = set()
+
+
+def declare_known_functions() -> None:
+    """Declare the known pointwise Functions of the imported libraries (cheap:
+    a dictionary look-up per known module). Called where a semiring backward
+    starts and by :func:`has_rule`."""
+    if len(_declared_known) == len(_KNOWN_POINTWISE):
+        return
+    for module_name, names in _KNOWN_POINTWISE.items():
+        module = sys.modules.get(module_name)
+        if module_name in _declared_known or module is None:
+            continue
+        _declared_known.add(module_name)
+        for name in names:
+            function = getattr(module, name, None)
+            if isinstance(function, type) and issubclass(function, torch.autograd.Function) \
+                    and not _C.has_rule(name + "Backward"):
+                register_pointwise(function)
+
+
 def _node_name(target: Any, what: str) -> str:
     if isinstance(target, str):
         return target
@@ -84,6 +134,7 @@ def using_rule(target: Any, rule: Callable):
 
 
 def has_rule(node_name: str) -> bool:
+    declare_known_functions()
     return _C.has_rule(node_name)
 
 
