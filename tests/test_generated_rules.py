@@ -330,3 +330,16 @@ def test_elementwise_kernel_detection(formula, diagonal):
 
 def test_elementwise_kernel_rejects_other_outputs_grads():
     assert not sf.is_elementwise_kernel("grad * grad_L", {"grads", "grad_L"})
+
+
+def test_committed_coverage_table_is_current():
+    """docs/coverage.md is generated; a new rule (or a merge that adds one) must
+    regenerate it (`make coverage`), or the table tells users a node has no rule."""
+    import torch
+    path = os.path.join(os.path.dirname(__file__), "..", "docs", "coverage.md")
+    committed = open(path).read()
+    if f"for torch {torch.__version__}," not in committed:
+        pytest.skip(f"docs/coverage.md is generated for another torch than {torch.__version__}")
+    fresh = gen_semiring_rules.render_coverage(gen_semiring_rules.plan_nodes(), ts.registered_rules(),
+                                               ts._C.generic_families(), torch.__version__)
+    assert fresh == committed, "docs/coverage.md is stale: run `make coverage` and commit it"
