@@ -36,18 +36,12 @@ std::function<void(const std::string&)>& log_sink() {
   return sink;
 }
 
-std::vector<int64_t> shape_of(const InputMetadata& meta) {
-  std::vector<int64_t> shape;
-  for (const auto& s : meta.shape_as_dim_vector()) shape.push_back(s.expect_int());
-  return shape;
-}
-
 // The semiring version of validate_outputs: ⊕-reduce broadcast dims down to
 // the shape of the tensor the edge points at, and match its dtype (bf16/fp16
 // tensors: float32 values outside real, Semiring::value_dtype).
 at::Tensor conform(const Semiring& sr, at::Tensor value, const InputMetadata& meta,
                    const Node& producer, size_t edge) {
-  value = oplus_sum_to(sr, value, shape_of(meta), "the rule of " + producer.name() + " (input " +
+  value = oplus_sum_to(sr, value, metadata_shape(meta), "the rule of " + producer.name() + " (input " +
                                                       std::to_string(edge) + ")");
   const auto dtype = sr.value_dtype(c10::typeMetaToScalarType(meta.dtype()));
   if (value.scalar_type() != dtype) value = value.to(dtype);
@@ -138,101 +132,13 @@ std::string describe(const Node& n, const std::vector<at::Tensor>& grads, const 
   return s.str();
 }
 
-// Path provenance bookkeeping (record_provenance): numbers every element that
-// can carry a path — each node's outputs, the roots — and remembers who
-// delivered what into each buffer. Needs a semiring that tracks_origin().
-struct Provenance {
-  const Semiring& sr;
-  const GraphInfo& g;
-  bool enabled;
-  std::vector<ProvenanceRecord> records;
-  std::vector<int64_t> root_offsets;
-  std::unordered_map<const Node*, std::vector<std::vector<std::pair<c10::intrusive_ptr<Node>, uint32_t>>>> from;
-  std::unordered_map<const Node*, std::vector<int64_t>> incoming;  // expected contributions per slot
-
-  Provenance(const Semiring& s, const GraphInfo& graph, const std::vector<Edge>& roots,
-             const std::vector<at::Tensor>& seeds, bool on)
-      : sr(s), g(graph), enabled(on) {
-    if (!enabled) return;
-    TORCH_CHECK(sr.tracks_origin(), "torch_semiring: recording paths needs a provenance semiring, got ", sr.name());
-    int64_t offset = 0, largest = 0;
-    for (size_t r = 0; r < roots.size(); ++r) {
-      root_offsets.push_back(offset);
-      offset += seeds[r].numel() / std::max<int64_t>(seeds[r].size(0), 1);
-      if (roots[r].is_valid()) slots(roots[r].function.get())[roots[r].input_nr]++;
-    }
-    largest = offset;
-    int64_t most_contributions = 1;
-    for (size_t i = 0; i < g.nodes.size(); ++i) {
-      if (!g.runs[i]) continue;
-      largest = std::max(largest, outputs_numel(*g.nodes[i]));
-      for (const auto& e : g.nodes[i]->next_edges())
-        if (e.is_valid() && g.leads[g.index.at(e.function.get())]) slots(e.function.get())[e.input_nr]++;
-    }
-    for (auto& kv : incoming)
-      for (auto n : kv.second) most_contributions = std::max(most_contributions, n);
-    // ids must stay exact integers in the value dtype
-    const double bound = double(largest + 1) * double(sr.origin_entries()) * double(most_contributions);
-    const auto dtype = seeds.empty() ? at::kDouble : seeds[0].scalar_type();
-    const int digits = dtype == at::kDouble ? 53 : dtype == at::kFloat ? 24 : 8;
-    TORCH_CHECK(bound < std::ldexp(1.0, digits), "torch_semiring: path ids up to ", bound, " do not fit exactly "
-                "in ", dtype, " values; run the model in float64 (model.double()) to extract paths");
-  }
-  std::vector<int64_t>& slots(const Node* n) {
-    auto& v = incoming[n];
-    if (v.size() < n->num_inputs()) v.resize(n->num_inputs(), 0);
-    return v;
-  }
-  static int64_t outputs_numel(const Node& n) {
-    int64_t total = 0;
-    for (uint32_t s = 0; s < n.num_inputs(); ++s) {
-      int64_t k = 1;
-      for (const auto& d : n.input_metadata(s).shape_as_dim_vector()) k *= d.expect_int();
-      total += k;
-    }
-    return total;
-  }
-  at::Tensor seed(size_t r, const at::Tensor& v) { return sr.with_origin(v, root_offsets[r]); }
-  at::Tensor arrived(size_t i, uint32_t slot, const at::Tensor& v, Node* producer, uint32_t edge) {
-    const Node* n = g.nodes[i];
-    auto& list = from[n];
-    if (list.size() < n->num_inputs()) list.resize(n->num_inputs());
-    const int64_t e = (int64_t)list[slot].size();
-    list[slot].emplace_back(producer ? c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(producer)
-                                     : c10::intrusive_ptr<Node>(), edge);
-    return sr.tag_contributor(v, e, std::max<int64_t>(slots(n)[slot], 1));
-  }
-  // Records what arrived at each slot; for a node that runs, re-numbers the
-  // ids as "element o of this node's outputs" before its rule.
-  std::vector<at::Tensor> ready(Node& node, std::vector<at::Tensor> grads, bool runs) {
-    int64_t offset = 0;
-    auto& list = from[&node];
-    for (uint32_t s = 0; s < grads.size(); ++s) {
-      int64_t k = 1;
-      for (const auto& d : node.input_metadata(s).shape_as_dim_vector()) k *= d.expect_int();
-      if (grads[s].defined()) {
-        ProvenanceRecord rec;
-        rec.node = c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&node);
-        rec.slot = s;
-        rec.value = grads[s];
-        if (s < list.size()) rec.contributors = list[s];
-        rec.expected_contributors = std::max<int64_t>(slots(&node)[s], 1);
-        records.push_back(std::move(rec));
-        if (runs) grads[s] = sr.with_origin(grads[s], offset);
-      }
-      offset += k;
-    }
-    return grads;
-  }
-};
-
 }  // namespace
 
 void set_log_sink(std::function<void(const std::string&)> sink) { log_sink() = std::move(sink); }
 
 BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
                             const std::vector<at::Tensor>& seeds, const std::vector<Edge>& targets,
-                            const BackwardOptions& opt) {
+                            const BackwardOptions& opt, BackwardObserver* observer) {
   TORCH_CHECK(roots.size() == seeds.size(), "torch_semiring: ", roots.size(), " roots but ", seeds.size(), " seeds");
   GraphInfo g = discover(roots, targets, opt.collect_leaves);
   const size_t N = g.nodes.size();
@@ -242,12 +148,18 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
     return buffers[i];
   };
   std::deque<size_t> ready;
-  Provenance prov(sr, g, roots, seeds, opt.record_provenance);
+  auto leads = [&](const Edge& e) { return e.is_valid() && g.leads[g.index.at(e.function.get())]; };
+  if (observer) {
+    std::vector<Node*> running;
+    for (size_t i = 0; i < N; ++i)
+      if (g.runs[i]) running.push_back(g.nodes[i]);
+    observer->planned(roots, seeds, running, leads);
+  }
   auto deliver = [&](size_t i, uint32_t slot, at::Tensor v, Node* producer, uint32_t edge) {
     if (v.defined()) {
       auto& b = buffer(i);
       TORCH_CHECK(slot < b.size(), "torch_semiring: ", g.nodes[i]->name(), " has no input ", slot);
-      if (prov.enabled) v = prov.arrived(i, slot, v, producer, edge);
+      if (observer) v = observer->delivered(*g.nodes[i], slot, std::move(v), producer, edge);
       b[slot] = sr.oplus(b[slot], v);  // the InputBuffer::add of the stock engine
     }
   };
@@ -260,7 +172,7 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
     if (!e.is_valid()) continue;
     size_t i = g.index.at(e.function.get());
     if (!g.leads[i]) continue;
-    deliver(i, e.input_nr, prov.enabled ? prov.seed(r, seeds[r]) : seeds[r], nullptr, (uint32_t)r);
+    deliver(i, e.input_nr, observer ? observer->seeded(r, seeds[r]) : seeds[r], nullptr, (uint32_t)r);
   }
   std::vector<bool> queued(N, false);
   for (size_t i = 0; i < N; ++i)
@@ -306,7 +218,7 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
         }
       }
     }
-    if (prov.enabled) grads = prov.ready(node, grads, g.runs[i]);
+    if (observer) grads = observer->ready(node, std::move(grads), g.runs[i]);
     if (hooked && !g.runs[i] && opt.collect_leaves && dynamic_cast<AccumulateGrad*>(&node)) {
       hooks.before(node, grads);  // the stock engine runs a leaf's AccumulateGrad, hooks and all
       std::vector<at::Tensor> none;
@@ -316,22 +228,14 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
     if (hooked) hooks.before(node, grads);
 
     const auto& edges = node.next_edges();
-    std::vector<at::Tensor> outputs;
-    const bool any_value = std::any_of(grads.begin(), grads.end(), [](const at::Tensor& t) { return t.defined(); });
-    if (any_value) {
-      if (log_sink()) log_sink()(describe(node, grads, &rule_for(node, sr)));
-      std::vector<bool> needed(edges.size(), false);
-      for (size_t j = 0; j < edges.size(); ++j)
-        needed[j] = edges[j].is_valid() && g.leads[g.index.at(edges[j].function.get())];
-      outputs = apply_rule(node, sr, std::move(needed), grads, opt.create_graph);
-    }
+    if (log_sink() && any_value(grads)) log_sink()(describe(node, grads, &rule_for(node, sr)));
+    auto outputs = apply_rule(node, sr, [&](size_t j) { return leads(edges[j]); }, grads, opt.create_graph);
     if (hooked) hooks.after(node, outputs, grads);
     for (size_t j = 0; j < edges.size(); ++j) {
       const auto& e = edges[j];
-      if (!e.is_valid()) continue;
+      if (!leads(e)) continue;
       size_t c = g.index.at(e.function.get());
-      if (!g.leads[c]) continue;
-      if (j < outputs.size() && outputs[j].defined())
+      if (outputs[j].defined())
         deliver(c, e.input_nr, conform(sr, outputs[j], e.function->input_metadata(e.input_nr), node, j), &node,
                 (uint32_t)j);
       if (--g.dependencies[c] == 0 && !queued[c]) {
@@ -341,7 +245,6 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
     }
     if (!opt.keep_graph) node.release_variables();
   }
-  result.provenance = std::move(prov.records);
   return result;
 }
 

@@ -15,16 +15,29 @@ namespace torch_semiring {
 
 using torch::autograd::Edge;
 
-// What arrived at one input buffer slot (= one tensor of the forward) when
-// path provenance is recorded: the ⊕-combined value with origin ids, and who
-// delivered each contribution (producer node, its next-edge index; a null
-// producer is the virtual root, the edge index then the output's index).
-struct ProvenanceRecord {
-  c10::intrusive_ptr<torch::autograd::Node> node;
-  uint32_t slot;
-  at::Tensor value;
-  std::vector<std::pair<c10::intrusive_ptr<torch::autograd::Node>, uint32_t>> contributors;
-  int64_t expected_contributors;  // the n of tag_contributor
+using torch::autograd::Node;
+
+// Watches a walk and may rewrite the values it moves (path tracking,
+// paths/path_recorder.h, is one); the engine itself keeps no record. Calls, in
+// order: planned once, seeded per root, then delivered per value as it enters
+// an input buffer and ready per node as its buffer is complete.
+class BackwardObserver {
+ public:
+  virtual ~BackwardObserver() = default;
+  // The walk as planned: the nodes that will run, in discovery order, and
+  // whether an edge delivers (leads to a target).
+  virtual void planned(const std::vector<Edge>& roots, const std::vector<at::Tensor>& seeds,
+                       const std::vector<Node*>& running, const std::function<bool(const Edge&)>& delivers) {}
+  // Root r's seed, before it is delivered.
+  virtual at::Tensor seeded(size_t root, at::Tensor seed) { return seed; }
+  // A value entering input `slot` of `consumer` from next edge `edge` of
+  // `producer` (null: the virtual root, `edge` then the root's index).
+  virtual at::Tensor delivered(Node& consumer, uint32_t slot, at::Tensor value, Node* producer, uint32_t edge) {
+    return value;
+  }
+  // A node's complete input buffer (after targets were captured), before its
+  // rule runs (`runs`) or it is passed by.
+  virtual std::vector<at::Tensor> ready(Node& node, std::vector<at::Tensor> values, bool runs) { return values; }
 };
 
 struct BackwardResult {
@@ -36,21 +49,20 @@ struct BackwardResult {
   // the caller ⊕-accumulates them into .grad once the whole pass succeeded.
   std::vector<at::Tensor> leaf_variables;
   std::vector<at::Tensor> leaf_values;
-  std::vector<ProvenanceRecord> provenance;  // with record_provenance
 };
 
 struct BackwardOptions {
   bool keep_graph = false;    // retain_graph: keep saved tensors alive
   bool create_graph = false;  // run rules with grad mode on
   bool collect_leaves = false;  // .backward() without inputs=: every leaf is a target
-  bool record_provenance = false;  // keep every buffer's value + contributors (a provenance semiring)
 };
 
 // roots/seeds: output edges and their seed values (shape (C, *output shape)).
 // targets: edges whose arriving values are wanted (leaves: their AccumulateGrad).
+// observer: optional (see BackwardObserver).
 BackwardResult run_backward(const Semiring& semiring, const std::vector<Edge>& roots,
                             const std::vector<at::Tensor>& seeds, const std::vector<Edge>& targets,
-                            const BackwardOptions& options);
+                            const BackwardOptions& options, BackwardObserver* observer = nullptr);
 
 // Debug log of executed nodes (off by default; TORCH_SEMIRING_LOGS=1 or
 // torch_semiring.set_logging(True)).

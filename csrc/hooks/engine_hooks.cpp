@@ -67,12 +67,6 @@ const char* const kNotIntercepted =
     "ts.semiring() without the preload: the out-of-tree engine runs Python Functions through "
     "torch_semiring.register_rule.";
 
-std::vector<int64_t> shape_of(const InputMetadata& meta) {
-  std::vector<int64_t> shape;
-  for (const auto& s : meta.shape_as_dim_vector()) shape.push_back(s.expect_int());
-  return shape;
-}
-
 // ---- the interposer's hooks: which semiring is active, the wheel's own code
 // for plain tensors, and the stock engine kept out of the way while rules run;
 // the semantics themselves are the shared functions at the end of this file.
@@ -239,30 +233,25 @@ at::Tensor oplus_values(const Semiring& sr, const at::Tensor& a, const at::Tenso
 }
 
 at::Tensor reduce_value(const Semiring& sr, const at::Tensor& value, const InputMetadata& meta) {
-  return wrap_value(oplus_sum_to(sr, unwrap_value(value), shape_of(meta), "a node"), sr, value.scalar_type());
+  return wrap_value(oplus_sum_to(sr, unwrap_value(value), metadata_shape(meta), "a node"), sr, value.scalar_type());
 }
 
 variable_list node_values(Node& node, const Semiring& sr, const variable_list& grads, const char* plain_note) {
   std::vector<at::Tensor> values(grads.size());
-  bool any_value = false;
   for (size_t i = 0; i < grads.size(); ++i) {
     if (!grads[i].defined()) continue;
     TORCH_CHECK(is_wrapped_value(grads[i]), "torch_semiring: ", node.name(), " received a plain gradient at "
                 "output ", i, " while semiring '", sr.name(), "' is active; ", plain_note);
     values[i] = unwrap_value(grads[i]);
-    any_value = true;
   }
-  const auto& edges = node.next_edges();
-  variable_list outputs(edges.size());
-  if (!any_value) return outputs;
-  std::vector<bool> needed(edges.size(), false);
-  for (size_t j = 0; j < edges.size(); ++j) needed[j] = edges[j].is_valid() && node.task_should_compute_output(j);
-  auto out = apply_rule(node, sr, std::move(needed), values, at::GradMode::is_enabled());
+  auto outputs = apply_rule(node, sr, [&](size_t j) { return node.task_should_compute_output(j); }, values,
+                            at::GradMode::is_enabled());
   // Shapes stay as the rule made them (the engine's validate_outputs then
   // calls reduce_grad for broadcast ones); dtypes become the inputs'.
-  for (size_t j = 0; j < out.size(); ++j)
-    if (out[j].defined() && edges[j].is_valid())
-      outputs[j] = wrap_value(std::move(out[j]), sr,
+  const auto& edges = node.next_edges();
+  for (size_t j = 0; j < outputs.size(); ++j)
+    if (outputs[j].defined())
+      outputs[j] = wrap_value(std::move(outputs[j]), sr,
                               c10::typeMetaToScalarType(edges[j].function->input_metadata(edges[j].input_nr).dtype()));
   return outputs;
 }

@@ -23,6 +23,7 @@
 #include "../kernels/cpu_gemm.h"
 #include "../kernels/device_gemm.h"
 #include "../kernels/lift_cache.h"
+#include "../paths/path_recorder.h"
 #include "../rules/attention.h"
 #include "../rules/rule.h"
 #include "../semiring/semiring.h"
@@ -239,7 +240,12 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return out;
       })
       .def("split", [](const Semiring& s, const at::Tensor& v) { return split_product_value(s, v); })
-      .def_property_readonly("origin_entries", &Semiring::origin_entries);
+      .def_property_readonly("origin_entries", &Semiring::origin_entries)
+      // Capabilities (semiring.h), so that callers ask the semiring rather than check its name.
+      .def_property_readonly("selects", &Semiring::selects)
+      .def_property_readonly("selects_minimum", &Semiring::selects_minimum)
+      .def_property_readonly("stock_backward_is_exact", &Semiring::stock_backward_is_exact)
+      .def_property_readonly("readout_lists_components", &Semiring::readout_lists_components);
 
   m.def("semiring_names", &semiring_names);
   m.def("make_semiring", [](const std::string& name, int64_t k) {
@@ -326,18 +332,20 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("run_backward",
         [](const std::shared_ptr<Semiring>& sr, const std::vector<std::pair<py::object, uint32_t>>& roots,
            const std::vector<at::Tensor>& seeds, const std::vector<std::pair<py::object, uint32_t>>& targets,
-           bool keep_graph, bool create_graph, bool collect_leaves, bool record_provenance) {
+           bool keep_graph, bool create_graph, bool collect_leaves, bool record_paths) {
           BackwardOptions opt;
-          opt.record_provenance = record_provenance;
           opt.keep_graph = keep_graph;
           opt.create_graph = create_graph;
           opt.collect_leaves = collect_leaves;
           PreloadSuspended stock_engine_calls;  // this engine calls nodes itself
-          auto r = run_backward(*sr, edges_from_py(roots), seeds, edges_from_py(targets), opt);
+          std::optional<PathRecorder> recorder;
+          if (record_paths) recorder.emplace(*sr);
+          auto r = run_backward(*sr, edges_from_py(roots), seeds, edges_from_py(targets), opt,
+                                recorder ? &*recorder : nullptr);
           py::list captured;
           for (auto& t : r.captured) captured.append(t.defined() ? py::cast(t) : py::none());
           py::list records;
-          for (auto& rec : r.provenance) {
+          for (auto& rec : recorder ? recorder->take_records() : std::vector<PathRecord>{}) {
             py::list contributors;
             for (auto& [producer, edge] : rec.contributors)
               contributors.append(py::make_tuple(producer ? py::cast(NodeRef{producer}) : py::none(), edge));
@@ -347,7 +355,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           return py::make_tuple(captured, r.in_graph, r.leaf_variables, r.leaf_values, records);
         },
         py::arg("semiring"), py::arg("roots"), py::arg("seeds"), py::arg("targets"), py::arg("keep_graph"),
-        py::arg("create_graph"), py::arg("collect_leaves"), py::arg("record_provenance") = false);
+        py::arg("create_graph"), py::arg("collect_leaves"), py::arg("record_paths") = false);
 
   // The LD_PRELOAD route (csrc/hooks, csrc/preload): the stock engine made
   // semiring-aware by the interposer, when the process was started with it.

@@ -17,12 +17,17 @@ std::unordered_map<std::string, RuleEntry>& table() {
   static std::unordered_map<std::string, RuleEntry> rules;
   return rules;
 }
-std::vector<int64_t> dims_of(const torch::autograd::InputMetadata& meta) {
+}  // namespace
+
+std::vector<int64_t> metadata_shape(const torch::autograd::InputMetadata& meta) {
   std::vector<int64_t> shape;
   for (const auto& s : meta.shape_as_dim_vector()) shape.push_back(s.expect_int());
   return shape;
 }
-}  // namespace
+
+bool any_value(const std::vector<at::Tensor>& values) {
+  return std::any_of(values.begin(), values.end(), [](const at::Tensor& t) { return t.defined(); });
+}
 
 void register_rule(const std::string& node_name, Rule rule, const std::string& family) {
   const bool moves_values = family == "placement" || family == "broadcast" || family == "identity";
@@ -186,12 +191,16 @@ std::vector<at::Tensor> rule_with_infinite_values(const RuleEntry& entry, const 
 }
 }  // namespace
 
-std::vector<at::Tensor> apply_rule(Node& node, const Semiring& sr, std::vector<bool> needed,
+std::vector<at::Tensor> apply_rule(Node& node, const Semiring& sr, const std::function<bool(size_t)>& wanted,
                                    const std::vector<at::Tensor>& values, bool create_graph) {
+  const auto& next = node.next_edges();
+  const size_t edges = next.size();
+  if (!any_value(values)) return std::vector<at::Tensor>(edges);
   const RuleEntry& entry = rule_for(node, sr);
   at::RecordFunction range(at::RecordScope::USER_SCOPE);
   if (range.isActive()) range.before("ts::" + entry.family + "::" + node.name());
-  const size_t edges = node.next_edges().size();
+  std::vector<bool> needed(edges, false);
+  for (size_t j = 0; j < edges; ++j) needed[j] = next[j].is_valid() && wanted(j);
   RuleContext ctx{node, sr, create_graph, std::move(needed)};
   const SplitComponents split(sr.infinite_split_components());
   auto out = split.any() && !entry.moves_values && may_hold_infinite(values, split)
@@ -199,6 +208,9 @@ std::vector<at::Tensor> apply_rule(Node& node, const Semiring& sr, std::vector<b
                  : entry.rule(ctx, values);
   TORCH_CHECK(out.size() <= edges, "torch_semiring: the rule of ", node.name(), " returned ", out.size(),
               " values for ", edges, " inputs");
+  out.resize(edges);
+  for (size_t j = 0; j < edges; ++j)
+    if (!next[j].is_valid()) out[j] = at::Tensor();  // nothing to deliver it to
   return out;
 }
 
@@ -221,7 +233,7 @@ bool RuleContext::needs_any() const { return std::any_of(needed.begin(), needed.
 std::vector<int64_t> RuleContext::input_shape(size_t i) const {
   const auto& e = node.next_edge(i);
   TORCH_CHECK(e.is_valid(), "torch_semiring: input ", i, " of ", node.name(), " is not differentiable");
-  return dims_of(e.function->input_metadata(e.input_nr));
+  return metadata_shape(e.function->input_metadata(e.input_nr));
 }
 
 at::TensorOptions RuleContext::input_options(size_t i) const {
@@ -230,7 +242,7 @@ at::TensorOptions RuleContext::input_options(size_t i) const {
   return e.function->input_metadata(e.input_nr).options();
 }
 
-std::vector<int64_t> RuleContext::output_shape(size_t j) const { return dims_of(node.input_metadata(j)); }
+std::vector<int64_t> RuleContext::output_shape(size_t j) const { return metadata_shape(node.input_metadata(j)); }
 
 at::TensorOptions RuleContext::output_options(size_t j) const { return node.input_metadata(j).options(); }
 

@@ -69,12 +69,18 @@ const RuleEntry& rule_for(const Node& node, const Semiring& semiring);
 // Applies `node`'s rule in `semiring` to the values arriving at its outputs —
 // the one place both routes (the out-of-tree engine and the stock-engine
 // hooks) run a rule, so their behaviour and errors cannot drift apart.
-// needed[j]: next edge j leads to a requested input. Each call runs inside a
+// wanted(j): the route wants a value along next edge j (it leads to a
+// requested input); an invalid edge never gets one. Each call runs inside a
 // profiler range "ts::<family>::<node name>" (torch.profiler shows where a
 // semiring backward spends its time; free when no profiler is active).
-// Returns one value per next edge (undefined = zero), already checked for count.
-std::vector<at::Tensor> apply_rule(Node& node, const Semiring& semiring, std::vector<bool> needed,
+// Returns exactly one value per next edge (undefined = zero); all zero,
+// without running the rule, when no value arrived.
+std::vector<at::Tensor> apply_rule(Node& node, const Semiring& semiring, const std::function<bool(size_t)>& wanted,
                                    const std::vector<at::Tensor>& values, bool create_graph);
+// Whether any value is defined (not the implicit semiring zero).
+bool any_value(const std::vector<at::Tensor>& values);
+// The shape of the tensor an InputMetadata describes (concrete sizes).
+std::vector<int64_t> metadata_shape(const torch::autograd::InputMetadata& meta);
 
 // The node's own backward, for semirings whose values are plain gradients.
 const RuleEntry& stock_backward_rule();
