@@ -75,9 +75,9 @@ bool family_of(const Semiring& sr, Family& family, int64_t& k, bool& ids) {
   ids = false;
   if (auto* paths = dynamic_cast<const ProvenanceSemiring*>(&sr)) {
     ids = true;
-    if (paths->kind() == ProvenanceSemiring::Kind::MaxPlus) family = Family::Viterbi;
-    else if (paths->kind() == ProvenanceSemiring::Kind::MaxTimes) family = Family::MaxAbs;
-    else return false;  // max_prod / kmax paths: the semiring's matmul
+    if (dynamic_cast<const ViterbiSemiring*>(&paths->base())) family = Family::Viterbi;
+    else if (dynamic_cast<const MaxAbsSemiring*>(&paths->base())) family = Family::MaxAbs;
+    else return false;  // other selecting semirings' paths: the semiring's matmul
     return true;
   }
   if (dynamic_cast<const RealSemiring*>(&sr)) family = Family::Real;

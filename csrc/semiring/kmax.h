@@ -3,6 +3,7 @@
 // ⊕ merges two top-k lists, ⊗ adds scores pairwise and keeps the top k,
 // lift(w) = (log|w|, −∞, …), zero all −∞, one (0, −∞, …).
 #pragma once
+#include "selection.h"
 #include "semiring.h"
 #include "zero_edges.h"
 
@@ -19,6 +20,8 @@ class KMaxSemiring final : public Semiring {
   }
   std::string name() const override { return "kmax"; }
   int64_t components() const override { return k_; }
+  bool selects() const override { return true; }
+  bool readout_lists_components() const override { return true; }
   Tensor readout(const Tensor& v) const override { return v.movedim(0, -1); }
   int64_t k() const { return k_; }
   // The blocked top-k merge GEMM kernel where it applies (k <= 8, float/double CPU, finite inputs).
@@ -30,6 +33,46 @@ class KMaxSemiring final : public Semiring {
   Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
     auto fast = kernels::topk_rows(a, x);
     return fast.defined() ? fast.to(a.scalar_type()) : Semiring::norm_offdiagonal(a, x);
+  }
+  // Path tracking (provenance.h): ⊕ merges two lists, so its selections are
+  // not component by component — a result entry is any entry of either list.
+  // The fused passes and kernels carry the tags beside the scores.
+  Tensor oplus_select(const Tensor& a, const Tensor& b) const override {
+    auto fused = kernels::fused_pair(kernels::Fused::KMaxMergeIds, a, b);  // one pass (k ≤ 8)
+    if (fused.defined()) return fused;
+    auto shape = at::infer_size(a.sizes(), b.sizes());
+    auto A = a.expand(shape), B = b.expand(shape);
+    auto s = at::cat({selection::scores(A, k_), selection::scores(B, k_)}, 0);
+    auto t = at::cat({selection::tags(A, k_), selection::tags(B, k_)}, 0);
+    auto order = std::get<1>(s.sort(std::optional<bool>(true), 0, /*descending=*/true)).narrow(0, 0, k_);
+    return selection::tagged(s.gather(0, order), t.gather(0, order));
+  }
+  Tensor otimes_edge_select(const Tensor& a, const Tensor& w) const override {
+    auto fused = kernels::fused_edge(kernels::Fused::AddLogAbsIds, a, w);  // one pass (k ≤ 8)
+    return fused.defined() ? fused : Semiring::otimes_edge_select(a, w);
+  }
+  Tensor oplus_reduce_select(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
+    if (dims.empty()) return a;
+    auto out = kernels::kmax_reduce(a, dims, k_, /*with_ids=*/true);  // one pass, no copies
+    if (!out.defined()) {  // the k best of the R·k candidates: a selection, not a sort
+      auto x = selection::reduced_last(a, dims);  // (2k, *kept, R)
+      auto s = selection::scores(x, k_).movedim(0, -1).flatten(-2, -1);  // (*kept, R·k)
+      auto t = selection::tags(x, k_).movedim(0, -1).flatten(-2, -1);
+      auto pick = std::get<1>(s.topk(k_, -1, /*largest=*/true, /*sorted=*/true));
+      out = selection::tagged(s.gather(-1, pick).movedim(-1, 0), t.gather(-1, pick).movedim(-1, 0));
+    }
+    return selection::reduced_result(out, dims, keepdim);
+  }
+  Tensor matmul_select(const Tensor& g, const Tensor& w) const override {
+    return selection::matmul_by_winners(g, w, k_, /*on_device=*/false, [this](const Tensor& s, const Tensor& w) {
+      return kernels::kmax_matmul_argmax(s, w, k_);
+    });
+  }
+  Tensor norm_offdiagonal_select(const Tensor& a, const Tensor& x) const override {
+    Tensor winner;
+    auto best = kernels::topk_rows(selection::scores(a, k_), x, &winner);  // winners as i·k + entry
+    if (!best.defined()) return {};
+    return selection::with_winner_tags(best.to(a.scalar_type()), winner, selection::tags(a, k_), k_);
   }
 
  protected:

@@ -1,6 +1,7 @@
 // max_abs: the largest path product of |w| (the paper's max-product on
 // magnitudes). ⊕ = max, ⊗ = ×, lift(w) = |w|, zero 0, one 1.
 #pragma once
+#include "selection.h"
 #include "semiring.h"
 #include "zero_edges.h"
 
@@ -13,6 +14,7 @@ class MaxAbsSemiring final : public Semiring {
  public:
   std::string name() const override { return "max_abs"; }
   int64_t components() const override { return 1; }
+  bool selects() const override { return true; }
   bool zero_is_numeric_zero() const override { return true; }
   std::vector<bool> infinite_split_components() const override { return {true}; }
   Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
@@ -29,6 +31,16 @@ class MaxAbsSemiring final : public Semiring {
   Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
     return at::zeros({src.size(0), numel}, src.options())
         .scatter_reduce(1, index.unsqueeze(0).expand_as(src), src, "amax", true);
+  }
+  // Path tracking (provenance.h): the argmax kernels, a plain argmax for reductions.
+  Tensor matmul_select(const Tensor& g, const Tensor& w) const override {
+    return selection::max_matmul_select(/*times=*/true, g, w);
+  }
+  Tensor norm_offdiagonal_select(const Tensor& a, const Tensor& x) const override {
+    return selection::max_rows_select(/*log_space=*/false, a, x);
+  }
+  Tensor oplus_reduce_select(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
+    return selection::reduce_by_pick(a, dims, keepdim, 1, selection::first_max);
   }
 
  protected:

@@ -4,6 +4,7 @@
 // products over its paths. ⊗ by an edge w gives (max(wM, wm), min(wM, wm)),
 // ⊕ is (max, min), the zero (−∞, +∞) is the empty set of paths.
 #pragma once
+#include "selection.h"
 #include "semiring.h"
 
 #include "kernels/cpu_gemm.h"
@@ -16,6 +17,7 @@ class MaxProdSemiring final : public Semiring {
  public:
   std::string name() const override { return "max_prod"; }
   int64_t components() const override { return 2; }
+  bool selects() const override { return true; }
   Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
   // The signed-pair GEMM kernel where it applies (float/double CPU, no NaN).
   Tensor matmul(const Tensor& g, const Tensor& w) const override {
@@ -37,6 +39,28 @@ class MaxProdSemiring final : public Semiring {
     auto lo = at::full({1, numel}, inf, src.options())
                   .scatter_reduce(1, idx, src.narrow(0, 1, 1), "amin", true);
     return at::cat({hi, lo}, 0);
+  }
+  // Path tracking (provenance.h). A negative edge swaps M and m, tags with
+  // them; an emptied entry (from the zero, or over an edge of weight 0) has no path.
+  Tensor otimes_edge_select(const Tensor& a, const Tensor& w) const override {
+    auto value = do_otimes_edge(selection::scores(a, 2), w);
+    auto id = selection::tags(a, 2);
+    const auto shape = value.sizes().slice(1).vec();
+    auto negative = (w < 0).expand(shape);
+    auto empty = (a.select(0, 0) == -kInf).logical_or(w == 0).expand(shape);
+    auto idM = id.select(0, 0).expand(shape), idm = id.select(0, 1).expand(shape);
+    return selection::tagged(value, at::stack({at::where(empty, -1.0, at::where(negative, idm, idM)),
+                                               at::where(empty, -1.0, at::where(negative, idM, idm))}));
+  }
+  Tensor oplus_reduce_select(const Tensor& a, at::IntArrayRef dims, bool keepdim) const override {
+    return selection::reduce_by_pick(a, dims, keepdim, 2, [](const Tensor& s) {
+      return at::stack({s.select(0, 0).argmax(-1, true), s.select(0, 1).argmin(-1, true)});
+    });
+  }
+  Tensor matmul_select(const Tensor& g, const Tensor& w) const override {
+    return selection::matmul_by_winners(g, w, 2, /*on_device=*/false, [](const Tensor& s, const Tensor& w) {
+      return kernels::max_prod_matmul_argmax(s, w);
+    });
   }
 
  protected:

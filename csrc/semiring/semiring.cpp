@@ -262,13 +262,15 @@ SemiringPtr make_product(std::vector<SemiringPtr> parts) {
 }
 
 SemiringPtr make_provenance(const std::string& base, int64_t k) {
-  using Kind = ProvenanceSemiring::Kind;
-  if (base == "viterbi") return std::make_shared<ProvenanceSemiring>(Kind::MaxPlus, 1);
-  if (base == "max_abs") return std::make_shared<ProvenanceSemiring>(Kind::MaxTimes, 1);
-  if (base == "max_prod") return std::make_shared<ProvenanceSemiring>(Kind::Signed, 1);
-  if (base == "kmax") return std::make_shared<ProvenanceSemiring>(Kind::TopK, k);
-  TORCH_CHECK_VALUE(false, "torch_semiring: semiring '", base, "' has no paths to extract (⊕ must select one "
-                    "path: use one of viterbi, max_abs, max_prod, kmax)");
+  auto semiring = make_semiring(base, k);
+  if (!semiring->selects()) {
+    std::string selecting;
+    for (auto& kv : factories())
+      if (kv.second(1)->selects()) selecting += (selecting.empty() ? "" : ", ") + kv.first;
+    TORCH_CHECK_VALUE(false, "torch_semiring: semiring '", base, "' has no paths to extract (⊕ must select one "
+                      "path: use one of ", selecting, ")");
+  }
+  return std::make_shared<ProvenanceSemiring>(std::move(semiring));
 }
 
 std::vector<Tensor> split_product_value(const Semiring& product, const Tensor& v) {

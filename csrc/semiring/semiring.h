@@ -69,7 +69,39 @@ class Semiring {
   // What the user sees per element: shape S (kmax: (*S, k)).
   virtual Tensor readout(const Tensor& v) const = 0;
 
-  // ---- path provenance (only the provenance semirings, provenance.h) --------
+  // ---- selection: the semirings whose ⊕ picks, path tracking -------------
+  // A selecting semiring's ⊕ returns, for every component, one of its
+  // operands' components (max, min, a top-k merge): it says which operand
+  // wins, as torch-struct's sparse_sum returns the argmax beside the max. Then
+  // the generic path-tracking wrapper (provenance.h) follows the best paths of
+  // it with no code of its own. The *_select operations work on TAGGED values
+  // (selection.h): (2C, *S) = the C components, then one tag per component,
+  // and every result component carries the tag of the candidate it is. The
+  // defaults select component by component — result component c is a's or
+  // b's component c, the first in element order on ties — which is what
+  // viterbi, max_abs, max_prod and min_plus need; kmax (whose ⊕ merges lists)
+  // overrides them, and a semiring with a faster pass (a fused kernel, an
+  // argmax GEMM) overrides one with it.
+  virtual bool selects() const { return false; }
+  // Selecting semirings whose best is the smallest (min_plus): paths rank ascending.
+  virtual bool selects_minimum() const { return false; }
+  // True when readout() lists the components beside the element dims (kmax:
+  // (*S, k)), so a readout does not fit a tensor's .grad.
+  virtual bool readout_lists_components() const { return false; }
+  // Tagged a ⊕ b (ties keep a's entries).
+  virtual Tensor oplus_select(const Tensor& a, const Tensor& b) const;
+  // Tagged a ⊗ lift(w): each tag stays with its component (max_prod swaps
+  // its pair on a negative edge, and drops the tags of emptied entries).
+  virtual Tensor otimes_edge_select(const Tensor& a, const Tensor& w) const;
+  // Tagged ⊕ over value dims `dims` (1-based, sorted: the do_oplus_reduce convention).
+  virtual Tensor oplus_reduce_select(const Tensor& a, at::IntArrayRef dims, bool keepdim) const;
+  // The same products as matmul / norm_offdiagonal on tagged values, from
+  // kernels that report their winners; undefined where none applies (the
+  // wrapper then composes the generic versions from the ops above).
+  virtual Tensor matmul_select(const Tensor& g, const Tensor& w) const { return {}; }
+  virtual Tensor norm_offdiagonal_select(const Tensor& a, const Tensor& x) const { return {}; }
+
+  // ---- path provenance (the wrapper of provenance.h) ------------------------
   // A provenance value carries, beside each of its E selected entries, the id
   // of where that entry came from, so the best paths can be followed back.
   virtual bool tracks_origin() const { return false; }
@@ -142,7 +174,8 @@ SemiringPtr make_semiring(const std::string& name, int64_t k);
 std::vector<std::string> semiring_names();
 // One pass for several semirings: values are the parts concatenated along dim 0.
 SemiringPtr make_product(std::vector<SemiringPtr> parts);
-// viterbi / max_abs / max_prod / kmax with origin ids for path extraction.
+// A selecting semiring (Semiring::selects) with origin ids for path
+// extraction: the named one (k: kmax's parameter) wrapped by provenance.h.
 SemiringPtr make_provenance(const std::string& base, int64_t k);
 std::vector<Tensor> split_product_value(const Semiring& product, const Tensor& v);
 std::vector<SemiringPtr> product_parts(const Semiring& s);
