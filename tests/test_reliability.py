@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 import torch_semiring as ts
 from reference import brute_force_values, reference_values
-from test_reference import assert_values_equal
+from helpers import assert_values_equal
 
 D = torch.float64
 NON_REAL = ["abs", "count", "log", "max_abs", "viterbi", "max_prod", "entropy", "kmax"]
@@ -303,7 +303,7 @@ def test_real_is_bit_for_bit_stock_with_many_consumers(seed):
 
 @pytest.mark.parametrize("semiring", ["max_prod", "entropy", "viterbi"])
 def test_zero_grad_set_to_none_frees_raw_values_and_old_grads(semiring):
-    from torch_semiring import engine
+    from torch_semiring import accumulation
 
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2)).double()
@@ -312,14 +312,14 @@ def test_zero_grad_set_to_none_frees_raw_values_and_old_grads(semiring):
         model(x).sum().backward()
         model(x).sum().backward()  # accumulated: the raw value is kept beside .grad
     grads = [weakref.ref(p.grad) for p in model.parameters()]
-    raws = [weakref.ref(state[1]) for state in list(engine._accumulated.values())]
+    raws = [weakref.ref(state[1]) for state in list(accumulation._accumulated.values())]
     storages = {p.grad.untyped_storage().data_ptr() for p in model.parameters()}
     assert len(raws) >= len(grads)
     model.zero_grad(set_to_none=True)
     gc.collect()
     assert all(r() is None for r in grads), "an old .grad is still referenced"
     assert all(r() is None for r in raws), "a raw semiring value is still referenced"
-    live = {state[1].untyped_storage().data_ptr() for state in list(engine._accumulated.values())}
+    live = {state[1].untyped_storage().data_ptr() for state in list(accumulation._accumulated.values())}
     assert not (storages & live)
     with ts.semiring(semiring):  # and accumulation starts afresh
         model(x).sum().backward()
@@ -376,7 +376,7 @@ def test_an_exception_from_a_hook_leaves_everything_untouched():
 
 
 def test_an_exception_while_accumulating_leaves_every_grad_untouched(monkeypatch):
-    from torch_semiring import engine
+    from torch_semiring import accumulation
 
     a, b, c = three_leaves()
     a.grad = None
@@ -384,7 +384,7 @@ def test_an_exception_while_accumulating_leaves_every_grad_untouched(monkeypatch
         loss_of(a, b, c).backward()
     grads = (a.grad, b.grad, c.grad)
     calls = []
-    real = engine._accumulated_value
+    real = accumulation._accumulated_value
 
     def failing(part, t, value):
         calls.append(t)
@@ -392,7 +392,7 @@ def test_an_exception_while_accumulating_leaves_every_grad_untouched(monkeypatch
             raise Boom("mid-accumulation")
         return real(part, t, value)
 
-    monkeypatch.setattr(engine, "_accumulated_value", failing)
+    monkeypatch.setattr(accumulation, "_accumulated_value", failing)
     with pytest.raises(Boom), ts.semiring("viterbi"):
         loss_of(a, b, c).backward()
     assert (a.grad, b.grad, c.grad) == grads and all(g.tolist() == h.tolist() for g, h in zip(grads, grads))
@@ -415,10 +415,11 @@ def _restoring_lines():
 @pytest.mark.parametrize("semiring", ["max_prod", "entropy"])
 def test_a_keyboard_interrupt_at_any_line_of_the_pass_is_all_or_nothing(semiring, entry):
     """Raises KeyboardInterrupt at the n-th line the library executes, for every n."""
+    import torch_semiring.accumulation as accumulation_module
     import torch_semiring.engine as engine_module
     import torch_semiring.mode as mode_module
 
-    files = {engine_module.__file__, mode_module.__file__}
+    files = {engine_module.__file__, mode_module.__file__, accumulation_module.__file__}
     finally_lines, set_lines = _restoring_lines()
 
     def run(interrupt_at):

@@ -15,7 +15,7 @@ import os as _os
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from . import _C, preload
+from . import _C, accumulation, preload
 from .decompose import decomposed
 from .engine import backward, grad
 from .mode import get_semiring, semiring, set_semiring
@@ -78,6 +78,8 @@ if _os.environ.get("TORCH_SEMIRING_LOGS", "") not in ("", "0"):
     set_logging(True)
 
 _install()
-preload.loaded()  # installs the stock-engine hooks when started with LD_PRELOAD (torch_semiring.preload)
+if preload.loaded():  # the stock-engine hooks are installed: started with LD_PRELOAD (torch_semiring.preload)
+    # A semiring .backward() there ends with the .grad step in the thread's mode.
+    _C.preload_set_accumulator(lambda leaves, values: accumulation.accumulate_leaves(get_semiring(), leaves, values))
 # Rules and log sinks may hold Python callables; drop them while Python lives.
 _atexit.register(_C.release_python_objects)

@@ -1,16 +1,17 @@
 """``ts.grad`` and semiring ``.backward()``: argument checking, seeding and
-read-out around the C++ engine (``_C.run_backward``), and the ⊕-accumulation
-into ``.grad`` that happens only after the whole pass succeeded."""
+read-out around one walk of the C++ engine (:func:`walk`); the ⊕-accumulation
+into ``.grad``, which happens only after the whole pass succeeded, is
+:mod:`.accumulation`'s."""
 from __future__ import annotations
 
-import weakref
-from typing import Any, Optional, Sequence
+from typing import Any, NamedTuple, Optional, Sequence
 
 import torch
 from torch.autograd.graph import GradientEdge, get_gradient_edge
-from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _C
+from .accumulation import check_grad_semiring, retained_tensors, write_grads
+from .mode import get_semiring
 from .rules import declare_known_functions
 from .semirings import Part, Resolved, resolve
 
@@ -19,11 +20,6 @@ from .semirings import Part, Resolved, resolve
 # everything — by construction.
 _stock_grad = getattr(torch.autograd.grad, "__wrapped__", torch.autograd.grad)
 _stock_backward = getattr(torch.autograd.backward, "__wrapped__", torch.autograd.backward)
-
-
-def _is_stock(part: Part) -> bool:
-    """The built-in `real`: its values are exactly the stock gradients."""
-    return part.name == "real" and part.python_object is None
 
 
 def _stock_seeds(outputs: tuple, grad_outputs) -> tuple:
@@ -152,13 +148,33 @@ def _roots_and_seeds(sr: Resolved, outputs: tuple, grad_outputs: Optional[Sequen
     return roots, seeds
 
 
-def _run(sr: Resolved, outputs, grad_outputs, targets, retain_graph, create_graph, collect_leaves):
+class Walk(NamedTuple):
+    """What one walk of the engine returns."""
+
+    targets: list  # (node, input_nr) of each input: where its value arrives
+    captured: list  # each input's raw value (None: only zero-weight edges reached it)
+    in_graph: list  # whether each input is in the graph at all
+    leaves: list  # collect_leaves: every reached leaf…
+    leaf_values: list  # …and its raw value
+    paths: list  # record_paths: what arrived at every buffer, and from whom (csrc/paths/path_recorder.h)
+
+
+def walk(sr: Resolved, outputs: Sequence[torch.Tensor], inputs: Sequence[Any], grad_outputs=None, *,
+         retain_graph: Optional[bool] = None, create_graph: bool = False, collect_leaves: bool = False,
+         record_paths: bool = False) -> Walk:
+    """One walk of the C++ engine from ``outputs`` (seeded with the semiring one, or lifted ``grad_outputs``)
+    to ``inputs`` (tensors or GradientEdges). ``collect_leaves``: every leaf is a target too (``.backward()``);
+    ``record_paths``: keep the path bookkeeping (``sr`` must be a provenance semiring, ``_C.make_provenance``)."""
     declare_known_functions()
     roots, seeds = _roots_and_seeds(sr, outputs, grad_outputs)
+    targets = [_edge_of(x, f"inputs[{i}]") for i, x in enumerate(inputs)]
     keep = create_graph if retain_graph is None else retain_graph
     # The engine sets grad mode to create_graph itself (a C++ guard: restored
     # however the pass ends, interrupts included).
-    return _C.run_backward(sr.handle, roots, seeds, targets, bool(keep), bool(create_graph), collect_leaves)
+    captured, in_graph, leaves, leaf_values, paths = _C.run_backward(
+        sr.handle, roots, seeds, targets, keep_graph=bool(keep), create_graph=bool(create_graph),
+        collect_leaves=collect_leaves, record_paths=record_paths)
+    return Walk(targets, captured, in_graph, leaves, leaf_values, paths)
 
 
 # ---- ts.grad --------------------------------------------------------------------
@@ -190,8 +206,9 @@ def grad(
         raise ValueError("torch_semiring: grad needs at least one output")
     if not inputs:
         raise ValueError("torch_semiring: grad needs at least one input")
-    targets = [_edge_of(x, f"inputs[{i}]") for i, x in enumerate(inputs)]
-    semiring_parts = tuple(p for p in sr.parts if not _is_stock(p))
+    for i, x in enumerate(inputs):
+        _edge_of(x, f"inputs[{i}]")  # checked before the stock walk for `real` runs
+    semiring_parts = tuple(p for p in sr.parts if not p.stock_backward_is_exact)
     by_part: dict[int, tuple] = {}
     if len(semiring_parts) < len(sr.parts):
         # `real` is torch.autograd.grad itself: every hook, the ⊕ order, None
@@ -202,14 +219,13 @@ def grad(
                            create_graph=create_graph, allow_unused=bool(allow_unused))
         real = tuple(g if g is None or not raw else g.unsqueeze(0) for g in real)
         for j, part in enumerate(sr.parts):
-            if _is_stock(part):
+            if part.stock_backward_is_exact:
                 by_part[j] = real
     if semiring_parts:
         walked = resolve(semiring_parts)
-        captured, in_graph, _, _, _ = _run(walked, outputs, grad_outputs, targets, retain_graph, create_graph,
-                                           False)
+        w = walk(walked, outputs, inputs, grad_outputs, retain_graph=retain_graph, create_graph=create_graph)
         per_part: list[list] = [[] for _ in walked.parts]
-        for i, (x, value, used) in enumerate(zip(inputs, captured, in_graph)):
+        for i, (x, value, used) in enumerate(zip(inputs, w.captured, w.in_graph)):
             if not used:
                 if not allow_unused:
                     raise RuntimeError(
@@ -225,99 +241,13 @@ def grad(
                 out.append(v if raw else part.handle.readout(v))
         walked_results = iter(tuple(r) for r in per_part)
         for j, part in enumerate(sr.parts):
-            if not _is_stock(part):
+            if not part.stock_backward_is_exact:
                 by_part[j] = next(walked_results)
     results = tuple(by_part[j] for j in range(len(sr.parts)))
     return results if sr.is_product else results[0]
 
 
 # ---- .backward() in a semiring ------------------------------------------------
-
-# A .grad tensor a semiring pass wrote → (semiring key, raw value, its version
-# then): lets a later pass ⊕ into the raw value when the readout alone loses
-# information (max_prod keeps m, entropy keeps (log Z, R/Z)). Keyed weakly by
-# the .grad tensor itself, so that replacing .grad or setting it to None
-# (zero_grad(set_to_none=True)) frees the old .grad and the raw value with it.
-_accumulated: WeakIdKeyDictionary = WeakIdKeyDictionary()
-# retain_grad() tensors, registered by torch_integration's retain_grad wrapper.
-_retained: dict[int, weakref.ref] = {}
-
-
-def _register_retained(t: torch.Tensor) -> None:
-    key = id(t)
-    _retained[key] = weakref.ref(t, lambda _ref, key=key: _retained.pop(key, None))
-
-
-def _accumulated_value(part: Part, t: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """⊕ of t's previous semiring .grad (as a raw value) and this pass's value."""
-    previous = t.grad
-    if previous is None:
-        return value
-    state = _accumulated.get(previous)
-    if state is not None and state[0] == part.key and state[2] == previous._version:
-        return part.handle.oplus(state[1], value)
-    if part.name == "real":  # a stock gradient: real ⊕ is the stock +
-        return part.handle.oplus(previous.to(value.dtype).unsqueeze(0), value)
-    raise RuntimeError(
-        f"torch_semiring: cannot ⊕-accumulate semiring '{part.name}' into the existing .grad of a "
-        f"tensor of shape {tuple(t.shape)}: that .grad was not written by a '{part.name}' pass (or was "
-        f"changed since), so its semiring value is unknown. Set .grad = None first "
-        f"(e.g. optimizer.zero_grad()) or use torch_semiring.grad()."
-    )
-
-
-def check_grad_semiring(sr: Resolved) -> Part:
-    """The semiring whose readouts go into .grad; errors for those that cannot."""
-    if sr.is_product:
-        raise RuntimeError(
-            "torch_semiring: several semirings cannot share one .grad; use "
-            f"torch_semiring.grad(..., semiring={tuple(p.name for p in sr.parts)!r})"
-        )
-    part = sr.parts[0]
-    if part.name == "kmax":
-        raise RuntimeError(
-            "torch_semiring: kmax readouts have shape (*x.shape, k) and cannot be stored in .grad; "
-            "use torch_semiring.grad(outputs, inputs, semiring='kmax', k=...)"
-        )
-    return part
-
-
-def write_grads(part: Part, updates, create_graph: bool, run_hooks: bool = True) -> None:
-    """``.grad = readout(previous ⊕ value)`` for each (tensor, raw value); all or nothing, then hooks
-    (unless ``run_hooks`` is False: the caller's engine runs them)."""
-    # Compute every new .grad first, so a failure leaves all .grad untouched;
-    # then one C++ call writes them all (no Python line in between for a
-    # KeyboardInterrupt to land on). Entries for .grads that an interrupt kept
-    # from being written die with them (weak keys).
-    staged = []
-    for t, value in updates:
-        raw = _accumulated_value(part, t, value)
-        readout = part.handle.readout(raw)
-        if not create_graph:
-            readout = readout.detach()
-        staged.append((t, raw, readout.to(t.dtype)))
-    for _, raw, readout in staged:
-        _accumulated[readout] = (part.key, raw.detach() if not create_graph else raw, readout._version)
-    _C.assign_grads([t for t, _, _ in staged], [readout for _, _, readout in staged])
-    for t, _, _ in staged:
-        if run_hooks and t.is_leaf and t._post_accumulate_grad_hooks:
-            for hook in list(t._post_accumulate_grad_hooks.values()):
-                hook(t)
-
-
-def _accumulate_from_preload(leaves, values) -> None:
-    """The .grad step of a semiring .backward() run by the stock engine under the interposer."""
-    from .mode import get_semiring
-
-    write_grads(check_grad_semiring(get_semiring()), list(zip(leaves, values)), create_graph=False)
-
-
-def _accumulate_from_series(leaf, value, name: str, components: int) -> None:
-    """The .grad step of AccumulateGrad in a torch built with the upstream series (patches/pytorch/,
-    csrc/hooks/series_hooks.h): one leaf at a time, when the engine reaches it, as stock autograd writes
-    .grad; the engine runs the post-accumulate-grad hooks afterwards."""
-    params = {"k": components} if name == "kmax" else {}
-    write_grads(check_grad_semiring(resolve(name, **params)), [(leaf, value)], create_graph=False, run_hooks=False)
 
 
 def backward(
@@ -338,13 +268,11 @@ def backward(
     node hooks see readouts (engine/node_hooks.h). ``real`` is the stock
     ``torch.autograd.backward`` itself.
     """
-    from .mode import get_semiring
-
     sr = resolve(semiring, **params) if semiring is not None else get_semiring()
     if sr is None:
         raise RuntimeError("torch_semiring: backward() needs a semiring (argument or ts.semiring(...) mode)")
     part = check_grad_semiring(sr)
-    if _is_stock(part):
+    if part.stock_backward_is_exact:
         outputs = _as_tuple(tensors)
         return _stock_backward(outputs, _stock_seeds(outputs, grad_tensors), retain_graph, create_graph,
                                inputs=inputs)
@@ -356,18 +284,14 @@ def backward(
     for i, x in enumerate(wanted):
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"torch_semiring: backward(inputs=...) takes tensors, got {type(x).__name__}")
-    retained = [] if explicit else [t for t in (r() for r in list(_retained.values()))
-                                    if t is not None and t.retains_grad and t.grad_fn is not None]
-    receivers = wanted + retained
-    targets = [_edge_of(x, f"inputs[{i}]") for i, x in enumerate(receivers)]
-    captured, in_graph, leaves, leaf_values, _ = _run(
-        sr, outputs, grad_tensors, targets, retain_graph, create_graph, collect_leaves=not explicit
-    )
+    receivers = wanted + ([] if explicit else retained_tensors())
+    w = walk(sr, outputs, receivers, grad_tensors, retain_graph=retain_graph, create_graph=create_graph,
+             collect_leaves=not explicit)
     updates: list[tuple[torch.Tensor, torch.Tensor]] = []
-    for t, value, used in zip(receivers, captured, in_graph):
+    for t, value, used in zip(receivers, w.captured, w.in_graph):
         if used:
             if value is None:
                 value = sr.handle.zero(list(t.shape), t)
             updates.append((t, value))
-    updates.extend(zip(leaves, leaf_values))
+    updates.extend(zip(w.leaves, w.leaf_values))
     write_grads(part, updates, create_graph)

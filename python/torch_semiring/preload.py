@@ -54,10 +54,6 @@ def loaded() -> bool:
     global _loaded
     if _loaded is None:
         _loaded = bool(_C.preload_install()) and _probe()
-        if _loaded:
-            from .engine import _accumulate_from_preload
-
-            _C.preload_set_accumulator(_accumulate_from_preload)
     return _loaded
 
 

@@ -12,9 +12,15 @@ from typing import Any, Sequence
 
 from . import _C
 
+
 def semirings() -> list[str]:
     """The names of the built-in semirings (see the README's table)."""
     return list(_C.semiring_names())
+
+
+def selecting_semirings() -> list[str]:
+    """The built-in semirings whose ⊕ selects one path (those ts.top_paths follows)."""
+    return [name for name in semirings() if _C.make_semiring(name, 1).selects]
 
 
 @dataclass(frozen=True)
@@ -25,6 +31,22 @@ class Part:
     key: tuple  # identifies the semiring and its parameters
     handle: Any  # _C.Semiring
     python_object: Any = None  # the user's object for Python semirings
+
+    # Capabilities (csrc/semiring/semiring.h), asked instead of checking names.
+    @property
+    def stock_backward_is_exact(self) -> bool:
+        """Values are exactly the stock gradients (real): PyTorch's own backward computes them."""
+        return bool(self.handle.stock_backward_is_exact)
+
+    @property
+    def selects_paths(self) -> bool:
+        """⊕ selects one path (viterbi, max_abs, max_prod, kmax, min_plus): ts.top_paths can follow it."""
+        return bool(self.handle.selects)
+
+    @property
+    def readout_lists_components(self) -> bool:
+        """Readouts have shape (*x.shape, components) (kmax), so they cannot be stored in .grad."""
+        return bool(self.handle.readout_lists_components)
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ import functools
 
 import torch
 
-from . import _C, engine, mode, preload
+from . import _C, accumulation, engine, mode, preload
 
 _installed = False
 # True when the running torch has the upstream series' semiring registry and this library's semirings are
@@ -45,7 +45,7 @@ def install() -> None:
             return stock_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
                                   inputs=inputs)
         if preload.loaded():
-            engine.check_grad_semiring(sr)
+            accumulation.check_grad_semiring(sr)
             return stock_backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables,
                                   inputs=inputs)
         if grad_variables is not None:
@@ -73,12 +73,12 @@ def install() -> None:
     def retain_grad(self):
         stock_retain_grad(self)
         if self.grad_fn is not None:
-            engine._register_retained(self)
+            accumulation.register_retained(self)
 
     torch.autograd.backward = backward
     torch.autograd.grad = grad
     torch.Tensor.retain_grad = retain_grad
-    series_registered = _C.series_register(engine._accumulate_from_series)  # False on a torch without the series
+    series_registered = _C.series_register(accumulation.accumulate_from_series)  # False on a torch without the series
     if not hasattr(torch.autograd, "set_semiring"):
         torch.autograd.set_semiring = mode.set_semiring
     if not hasattr(torch.autograd, "semiring"):
