@@ -12,8 +12,7 @@ import torch
 
 import torch_semiring as ts
 from reference import SEMIRING_NAMES, reference_values
-from test_reference import assert_values_equal
-from test_rules import attention_by_hand, layout, mlp3, pointwise_broadcast
+from helpers import assert_values_equal, attention_by_hand, layout, mlp3, pointwise_broadcast
 from python_semirings import PyMaxPlus
 
 D = torch.float64

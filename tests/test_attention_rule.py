@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import torch_semiring as ts
 from torch_semiring import _C
 from reference import SEMIRING_NAMES, reference_values
-from test_reference import assert_values_equal
+from helpers import assert_values_equal
 from python_semirings import PyMaxPlus
 
 D = torch.float64

@@ -7,8 +7,8 @@ import torch.nn.functional as F
 
 import torch_semiring as ts
 from reference import SEMIRING_NAMES, reference_values
-from test_reference import assert_values_equal
-from test_transformers import node_types, tiny
+from helpers import assert_values_equal
+from helpers import node_types, tiny
 
 D = torch.float64
 FUSED = {"SoftmaxBackward0", "LogSoftmaxBackward0", "NativeLayerNormBackward0", "GeluBackward0",

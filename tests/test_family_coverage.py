@@ -12,7 +12,10 @@ import torch
 
 import torch_semiring as ts
 from torch_semiring import _C
-from test_generated_rules import D, F, aten, double_backward, leaf, nodes_in, readout, run_against_reference
+from helpers import D, case_leaf, double_backward, readout, run_against_reference
+
+F = torch.nn.functional
+aten = torch.ops.aten
 
 
 def grid(*shape, seed=0):
@@ -35,7 +38,7 @@ def gb(f, x_shape, seed=3, x_is_input=True):
     def case():
         x = grid(*x_shape, seed=seed)
         out = f(x)
-        go = leaf(*out.shape, seed=seed + 1)
+        go = case_leaf(*out.shape, seed=seed + 1)
         return readout(double_backward(f, x, go)), [x, go] if x_is_input else [go]
     return case
 
@@ -53,7 +56,7 @@ def max_unpool(nd):
     def case():
         a = grid(*([1, 1] + [4] * nd), seed=2).detach()
         pooled, idx = (F.max_pool2d if nd == 2 else F.max_pool3d)(a, 2, return_indices=True)
-        x = leaf(*pooled.shape, seed=4)
+        x = case_leaf(*pooled.shape, seed=4)
         return readout((F.max_unpool2d if nd == 2 else F.max_unpool3d)(x, idx, 2)), [x]
     return case
 
@@ -61,15 +64,15 @@ def max_unpool(nd):
 def embedding_double_backward():
     """The weight's gradient depends on grad_output only (the node's one input)."""
     idx = torch.tensor([[0, 2], [2, 1]])
-    w, go = leaf(3, 2, seed=2), leaf(2, 2, 2, seed=3)
+    w, go = case_leaf(3, 2, seed=2), case_leaf(2, 2, 2, seed=3)
     return readout(double_backward(lambda v: F.embedding(idx, v, padding_idx=1), w, go)), [go]
 
 
 def masked_scatter_double_backward():
     mask = torch.tensor([[True, False, True], [False, True, True]])
     base = torch.zeros(2, 3, dtype=D)
-    s = leaf(6, seed=2)
-    go = leaf(2, 3, seed=3)
+    s = case_leaf(6, seed=2)
+    go = case_leaf(2, 3, seed=3)
     (gs,) = torch.autograd.grad(base.masked_scatter(mask, s), s, go, create_graph=True)
     return readout(gs), [go]  # masked_select of go: s is not an input
 

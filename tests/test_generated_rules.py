@@ -15,37 +15,19 @@ import pytest
 import torch
 
 import torch_semiring as ts
-from reference import SEMIRING_NAMES, autograd_node_names, autograd_values, reference_values
-from test_reference import assert_values_equal
+from helpers import D, case_leaf, double_backward, readout, run_against_reference
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
 import gen_semiring_rules  # noqa: E402
 import semiring_formulas as sf  # noqa: E402
 
-D = torch.float64
 aten = torch.ops.aten
-
-
-def leaf(*shape, seed=0, positive=False):
-    g = torch.Generator().manual_seed(seed + 17 * len(shape) + sum(shape))
-    t = torch.randn(shape, generator=g, dtype=D)
-    return (t.abs() + 0.5 if positive else t).requires_grad_()
-
-
-def weights(t):
-    """Distinct signed weights so every output element's path differs."""
-    return torch.linspace(-1.5, 2.0, t.numel(), dtype=D).reshape(t.shape)
-
-
-def readout(*outs):
-    """Weighted outputs, flattened (the seed of the reference)."""
-    return [(o * weights(o)).reshape(-1) for o in outs]
 
 
 def compare_inplace(method):
     """x.clone().<cmp>_(y): the result no longer depends on x or y (no edges); x and y reach it by adding."""
     def case():
-        x, y = leaf(2, 3), leaf(2, 3, seed=2)
+        x, y = case_leaf(2, 3), case_leaf(2, 3, seed=2)
         return readout(getattr(x.clone(), method)(y) + x + y), [x, y]
     return case
 
@@ -56,7 +38,7 @@ COMPARISONS = ("eq", "ge", "gt", "le", "lt", "ne")
 def zero_rule(make):
     """An op whose output does not depend on x (random fills, comparisons): no edges from x."""
     def case():
-        x = leaf(2, 3, seed=1)
+        x = case_leaf(2, 3, seed=1)
         y = make(x.clone())
         return readout(y, x * 2), [x]
     return case
@@ -66,16 +48,9 @@ IDX = torch.tensor([2, 0, 2])
 F = torch.nn.functional
 
 
-def double_backward(f, x, go):
-    """The gradient of f at x for grad_output go, as a differentiable tensor: its
-    grad_fn is f's double-backward node (inputs: go and x)."""
-    (gx,) = torch.autograd.grad(f(x), x, go, create_graph=True)
-    return gx
-
-
 def activation_double_backward(f, seed=5):
     def case():
-        x, go = leaf(2, 3, seed=seed), leaf(2, 3, seed=seed + 1)
+        x, go = case_leaf(2, 3, seed=seed), case_leaf(2, 3, seed=seed + 1)
         with torch.no_grad():
             x.mul_(2.0)  # spread over the kinks of the activation
         return readout(double_backward(f, x, go)), [x, go]
@@ -91,7 +66,7 @@ def unit(*shape, seed=0):
 def loss_case(loss, target_grad=True, **kw):
     """A loss with reduction 'none' and 'mean' (a single output element) on the same inputs."""
     def case():
-        x, t = leaf(2, 3, seed=7), leaf(2, 3, seed=8)
+        x, t = case_leaf(2, 3, seed=7), case_leaf(2, 3, seed=8)
         t.requires_grad_(target_grad)
         outs = readout(loss(x, t, reduction="none", **kw), loss(x, t, reduction="mean", **kw))
         return outs, [x, t] if target_grad else [x]
@@ -100,8 +75,8 @@ def loss_case(loss, target_grad=True, **kw):
 
 def loss_double_backward(loss, **kw):
     def case():
-        x, t, go = leaf(2, 3, seed=7), leaf(2, 3, seed=8), leaf(seed=9)
-        gn = leaf(2, 3, seed=10)
+        x, t, go = case_leaf(2, 3, seed=7), case_leaf(2, 3, seed=8), case_leaf(seed=9)
+        gn = case_leaf(2, 3, seed=10)
         outs = readout(double_backward(lambda a: loss(a, t, reduction="mean", **kw), x, go),
                        double_backward(lambda a: loss(a, t, reduction="none", **kw), x, gn))
         return outs, [x, t, go, gn]
@@ -110,60 +85,60 @@ def loss_double_backward(loss, **kw):
 
 CASES = {
     # layout / reduction
-    "AliasBackward0_copy": lambda: (lambda x: (readout(torch.alias_copy(x)), [x]))(leaf(2, 3)),
-    "DiagEmbedBackward0": lambda: (lambda x: (readout(torch.diag_embed(x, 1)), [x]))(leaf(2, 3)),
-    "DiagonalBackwardBackward0": lambda: (lambda g: (readout(aten.diagonal_backward(g, [3, 4], 0, 0, 1)), [g]))(leaf(3)),
-    "ExpandBackward0_copy": lambda: (lambda x: (readout(torch.expand_copy(x, (2, 3, 4))), [x]))(leaf(3, 1)),
-    "LazyCloneBackward0": lambda: (lambda x: (readout(x._lazy_clone()), [x]))(leaf(2, 3)),
-    "LiftBackward0": lambda: (lambda x: (readout(aten.lift(x)), [x]))(leaf(2, 3)),
-    "LiftFreshBackward0": lambda: (lambda x: (readout(aten.lift_fresh(x)), [x]))(leaf(2, 3)),
-    "LiftFreshBackward0_copy": lambda: (lambda x: (readout(aten.lift_fresh_copy(x)), [x]))(leaf(2, 3)),
-    "NegViewBackward0": lambda: (lambda x: (readout(torch._neg_view(x)), [x]))(leaf(2, 3)),
-    "NegViewBackward0_copy": lambda: (lambda x: (readout(torch._neg_view_copy(x)), [x]))(leaf(2, 3)),
-    "ReshapeAliasBackward0_copy": lambda: (lambda x: (readout(torch._reshape_alias_copy(x, (3, 2), (2, 1))), [x]))(leaf(2, 3)),
-    "ReshapeCopyBackward0": lambda: (lambda x: (readout(aten._reshape_copy(x, (3, 2))), [x]))(leaf(2, 3)),
-    "Rot90Backward0": lambda: (lambda x: (readout(x.rot90(1, (0, 1)), x.rot90(-1, (1, 0))), [x]))(leaf(2, 3)),
-    "SelectBackwardBackward0": lambda: (lambda g: (readout(aten.select_backward(g, [3, 4], 0, 1)), [g]))(leaf(4)),
-    "SliceBackwardBackward0": lambda: (lambda g: (readout(aten.slice_backward(g, [5, 2], 0, 1, 5, 2)), [g]))(leaf(2, 2)),
-    "TBackward0_copy": lambda: (lambda x: (readout(torch.t_copy(x)), [x]))(leaf(2, 3)),
-    "TBackward1": lambda: (lambda x: (readout(x * 1.0, x.clone().t_()), [x]))(leaf(2, 3)),
-    "TestAutogradMultipleDispatchViewBackward0": lambda: (lambda x: (readout(torch._test_autograd_multiple_dispatch_view(x)), [x]))(leaf(2, 3)),
-    "TestAutogradMultipleDispatchViewBackward0_copy": lambda: (lambda x: (readout(torch._test_autograd_multiple_dispatch_view_copy(x)), [x]))(leaf(2, 3)),
-    "TransposeBackward0_copy": lambda: (lambda x: (readout(torch.transpose_copy(x, 0, 1)), [x]))(leaf(2, 3)),
-    "UnfoldBackwardBackward0": lambda: (lambda g: (readout(aten.unfold_backward(g, [5], 0, 2, 1)), [g]))(leaf(4, 2)),
-    "UnsqueezeBackward0_copy": lambda: (lambda x: (readout(torch.unsqueeze_copy(x, 1)), [x]))(leaf(2, 3)),
-    "ViewBackward0_copy": lambda: (lambda x: (readout(torch.view_copy(x, (3, 2))), [x]))(leaf(2, 3)),
-    "FillBackward1": lambda: (lambda x, v: (readout(x.clone().fill_(v.detach().item()) * v, torch.fill(x, v)), [x, v]))(leaf(2, 3), leaf(seed=3)),
-    "FillBackward3": lambda: (lambda x, v: (readout(x.clone().fill_(v) + x), [x, v]))(leaf(2, 3), leaf(seed=4)),
+    "AliasBackward0_copy": lambda: (lambda x: (readout(torch.alias_copy(x)), [x]))(case_leaf(2, 3)),
+    "DiagEmbedBackward0": lambda: (lambda x: (readout(torch.diag_embed(x, 1)), [x]))(case_leaf(2, 3)),
+    "DiagonalBackwardBackward0": lambda: (lambda g: (readout(aten.diagonal_backward(g, [3, 4], 0, 0, 1)), [g]))(case_leaf(3)),
+    "ExpandBackward0_copy": lambda: (lambda x: (readout(torch.expand_copy(x, (2, 3, 4))), [x]))(case_leaf(3, 1)),
+    "LazyCloneBackward0": lambda: (lambda x: (readout(x._lazy_clone()), [x]))(case_leaf(2, 3)),
+    "LiftBackward0": lambda: (lambda x: (readout(aten.lift(x)), [x]))(case_leaf(2, 3)),
+    "LiftFreshBackward0": lambda: (lambda x: (readout(aten.lift_fresh(x)), [x]))(case_leaf(2, 3)),
+    "LiftFreshBackward0_copy": lambda: (lambda x: (readout(aten.lift_fresh_copy(x)), [x]))(case_leaf(2, 3)),
+    "NegViewBackward0": lambda: (lambda x: (readout(torch._neg_view(x)), [x]))(case_leaf(2, 3)),
+    "NegViewBackward0_copy": lambda: (lambda x: (readout(torch._neg_view_copy(x)), [x]))(case_leaf(2, 3)),
+    "ReshapeAliasBackward0_copy": lambda: (lambda x: (readout(torch._reshape_alias_copy(x, (3, 2), (2, 1))), [x]))(case_leaf(2, 3)),
+    "ReshapeCopyBackward0": lambda: (lambda x: (readout(aten._reshape_copy(x, (3, 2))), [x]))(case_leaf(2, 3)),
+    "Rot90Backward0": lambda: (lambda x: (readout(x.rot90(1, (0, 1)), x.rot90(-1, (1, 0))), [x]))(case_leaf(2, 3)),
+    "SelectBackwardBackward0": lambda: (lambda g: (readout(aten.select_backward(g, [3, 4], 0, 1)), [g]))(case_leaf(4)),
+    "SliceBackwardBackward0": lambda: (lambda g: (readout(aten.slice_backward(g, [5, 2], 0, 1, 5, 2)), [g]))(case_leaf(2, 2)),
+    "TBackward0_copy": lambda: (lambda x: (readout(torch.t_copy(x)), [x]))(case_leaf(2, 3)),
+    "TBackward1": lambda: (lambda x: (readout(x * 1.0, x.clone().t_()), [x]))(case_leaf(2, 3)),
+    "TestAutogradMultipleDispatchViewBackward0": lambda: (lambda x: (readout(torch._test_autograd_multiple_dispatch_view(x)), [x]))(case_leaf(2, 3)),
+    "TestAutogradMultipleDispatchViewBackward0_copy": lambda: (lambda x: (readout(torch._test_autograd_multiple_dispatch_view_copy(x)), [x]))(case_leaf(2, 3)),
+    "TransposeBackward0_copy": lambda: (lambda x: (readout(torch.transpose_copy(x, 0, 1)), [x]))(case_leaf(2, 3)),
+    "UnfoldBackwardBackward0": lambda: (lambda g: (readout(aten.unfold_backward(g, [5], 0, 2, 1)), [g]))(case_leaf(4, 2)),
+    "UnsqueezeBackward0_copy": lambda: (lambda x: (readout(torch.unsqueeze_copy(x, 1)), [x]))(case_leaf(2, 3)),
+    "ViewBackward0_copy": lambda: (lambda x: (readout(torch.view_copy(x, (3, 2))), [x]))(case_leaf(2, 3)),
+    "FillBackward1": lambda: (lambda x, v: (readout(x.clone().fill_(v.detach().item()) * v, torch.fill(x, v)), [x, v]))(case_leaf(2, 3), case_leaf(seed=3)),
+    "FillBackward3": lambda: (lambda x, v: (readout(x.clone().fill_(v) + x), [x, v]))(case_leaf(2, 3), case_leaf(seed=4)),
     # placement with zero fill / scatter
-    "DiagonalScatterBackward0": lambda: (lambda x, s: (readout(torch.diagonal_scatter(x, s, 1)), [x, s]))(leaf(3, 4), leaf(3, seed=2)),
-    "IndexAddBackward0": lambda: (lambda x, s: (readout(x.index_add(0, IDX, s, alpha=-2.0)), [x, s]))(leaf(4, 2), leaf(3, 2, seed=2)),
-    "IndexCopyBackward0": lambda: (lambda x, s: (readout(x.index_copy(0, torch.tensor([3, 0]), s)), [x, s]))(leaf(4, 2), leaf(2, 2, seed=2)),
-    "IndexPutBackward0": lambda: (lambda x, v: (readout(x.index_put((IDX,), v), x.index_put((IDX,), v, accumulate=True)), [x, v]))(leaf(4, 2), leaf(3, 2, seed=2)),
-    "IndexPutImplBackward0": lambda: (lambda x, v: (readout(aten._index_put_impl_(x.clone(), (torch.tensor([1, 3]),), v)), [x, v]))(leaf(4, 2), leaf(2, 2, seed=2)),
-    "UnsafeIndexPutBackward0": lambda: (lambda x, v: (readout(aten._unsafe_index_put(x, [torch.tensor([1, 3])], v, False)), [x, v]))(leaf(4, 2), leaf(2, 2, seed=2)),
-    "PutBackward0": lambda: (lambda x, s: (readout(x.put(torch.tensor([5, 0, 5]), s), x.put(torch.tensor([1, 0]), s[:2], accumulate=True)), [x, s]))(leaf(2, 3), leaf(3, seed=2)),
-    "ScatterAddBackward0": lambda: (lambda x, s: (readout(x.scatter_add(0, torch.tensor([[1, 0, 1], [1, 1, 0]]), s)), [x, s]))(leaf(2, 3), leaf(2, 3, seed=2)),
-    "SliceInverseBackward0": lambda: (lambda b, s: (readout(aten.slice_inverse((b * 1.0)[1:3], s, 0, 1, 3, 1)), [b, s]))(leaf(4, 3), leaf(4, 3, seed=2)),
+    "DiagonalScatterBackward0": lambda: (lambda x, s: (readout(torch.diagonal_scatter(x, s, 1)), [x, s]))(case_leaf(3, 4), case_leaf(3, seed=2)),
+    "IndexAddBackward0": lambda: (lambda x, s: (readout(x.index_add(0, IDX, s, alpha=-2.0)), [x, s]))(case_leaf(4, 2), case_leaf(3, 2, seed=2)),
+    "IndexCopyBackward0": lambda: (lambda x, s: (readout(x.index_copy(0, torch.tensor([3, 0]), s)), [x, s]))(case_leaf(4, 2), case_leaf(2, 2, seed=2)),
+    "IndexPutBackward0": lambda: (lambda x, v: (readout(x.index_put((IDX,), v), x.index_put((IDX,), v, accumulate=True)), [x, v]))(case_leaf(4, 2), case_leaf(3, 2, seed=2)),
+    "IndexPutImplBackward0": lambda: (lambda x, v: (readout(aten._index_put_impl_(x.clone(), (torch.tensor([1, 3]),), v)), [x, v]))(case_leaf(4, 2), case_leaf(2, 2, seed=2)),
+    "UnsafeIndexPutBackward0": lambda: (lambda x, v: (readout(aten._unsafe_index_put(x, [torch.tensor([1, 3])], v, False)), [x, v]))(case_leaf(4, 2), case_leaf(2, 2, seed=2)),
+    "PutBackward0": lambda: (lambda x, s: (readout(x.put(torch.tensor([5, 0, 5]), s), x.put(torch.tensor([1, 0]), s[:2], accumulate=True)), [x, s]))(case_leaf(2, 3), case_leaf(3, seed=2)),
+    "ScatterAddBackward0": lambda: (lambda x, s: (readout(x.scatter_add(0, torch.tensor([[1, 0, 1], [1, 1, 0]]), s)), [x, s]))(case_leaf(2, 3), case_leaf(2, 3, seed=2)),
+    "SliceInverseBackward0": lambda: (lambda b, s: (readout(aten.slice_inverse((b * 1.0)[1:3], s, 0, 1, 3, 1)), [b, s]))(case_leaf(4, 3), case_leaf(4, 3, seed=2)),
     # scale / matmul-like
-    "AddrBackward0": lambda: (lambda m, a, b: (readout(torch.addr(m, a, b, beta=0.5, alpha=-2.0)), [m, a, b]))(leaf(3, 4), leaf(3, seed=2), leaf(4, seed=3)),
-    "VdotBackward0": lambda: (lambda a, b: (readout(torch.vdot(a, b)), [a, b]))(leaf(4), leaf(4, seed=2)),
-    "StandardGammaBackward0": lambda: (lambda x: (readout(torch._standard_gamma(x)), [x]))(leaf(2, 3, positive=True)),
+    "AddrBackward0": lambda: (lambda m, a, b: (readout(torch.addr(m, a, b, beta=0.5, alpha=-2.0)), [m, a, b]))(case_leaf(3, 4), case_leaf(3, seed=2), case_leaf(4, seed=3)),
+    "VdotBackward0": lambda: (lambda a, b: (readout(torch.vdot(a, b)), [a, b]))(case_leaf(4), case_leaf(4, seed=2)),
+    "StandardGammaBackward0": lambda: (lambda x: (readout(torch._standard_gamma(x)), [x]))(case_leaf(2, 3, positive=True)),
     # element-wise kernels (every formula diagonal in grad): the node's backward on ones
-    "HardswishBackward0": lambda: (lambda x: (readout(F.hardswish(x * 3)), [x]))(leaf(3, 4)),
-    "LogSigmoidBackward0": lambda: (lambda x: (readout(F.logsigmoid(x)), [x]))(leaf(2, 3)),
-    "ThresholdBackward1": lambda: (lambda x: (readout(F.threshold_(x * 1.0, 0.1, 20.0)), [x]))(leaf(2, 3)),
-    "RreluWithNoiseBackward0": lambda: (lambda x: (readout(F.rrelu(x, training=True), F.rrelu(x)), [x]))(leaf(2, 3)),
-    "RreluWithNoiseBackward1": lambda: (lambda x: (readout(F.rrelu_(x * 1.0, training=True)), [x]))(leaf(2, 3)),
+    "HardswishBackward0": lambda: (lambda x: (readout(F.hardswish(x * 3)), [x]))(case_leaf(3, 4)),
+    "LogSigmoidBackward0": lambda: (lambda x: (readout(F.logsigmoid(x)), [x]))(case_leaf(2, 3)),
+    "ThresholdBackward1": lambda: (lambda x: (readout(F.threshold_(x * 1.0, 0.1, 20.0)), [x]))(case_leaf(2, 3)),
+    "RreluWithNoiseBackward0": lambda: (lambda x: (readout(F.rrelu(x, training=True), F.rrelu(x)), [x]))(case_leaf(2, 3)),
+    "RreluWithNoiseBackward1": lambda: (lambda x: (readout(F.rrelu_(x * 1.0, training=True)), [x]))(case_leaf(2, 3)),
     "RreluWithNoiseFunctionalBackward0": lambda: (lambda x: (readout(aten.rrelu_with_noise_functional(
-        x, torch.zeros(2, 3, dtype=D), 0.1, 0.3, True)[0]), [x]))(leaf(2, 3)),
-    "PreluKernelBackward0": lambda: (lambda x, w: (readout(F.prelu(x, w)), [x, w]))(leaf(2, 3, 2), leaf(3, seed=2)),
+        x, torch.zeros(2, 3, dtype=D), 0.1, 0.3, True)[0]), [x]))(case_leaf(2, 3)),
+    "PreluKernelBackward0": lambda: (lambda x, w: (readout(F.prelu(x, w)), [x, w]))(case_leaf(2, 3, 2), case_leaf(3, seed=2)),
     "FakeQuantizePerTensorAffineCachemaskBackward0": lambda: (lambda x: (readout(
-        torch.fake_quantize_per_tensor_affine(x, 0.1, 0, -10, 10)), [x]))(leaf(2, 3)),
+        torch.fake_quantize_per_tensor_affine(x, 0.1, 0, -10, 10)), [x]))(case_leaf(2, 3)),
     "FakeQuantizePerTensorAffineCachemaskTensorQparamsBackward0": lambda: (lambda x: (readout(
-        torch.fake_quantize_per_tensor_affine(x, torch.tensor(0.1), torch.tensor(0), -10, 10)), [x]))(leaf(2, 3)),
+        torch.fake_quantize_per_tensor_affine(x, torch.tensor(0.1), torch.tensor(0), -10, 10)), [x]))(case_leaf(2, 3)),
     "FakeQuantizePerChannelAffineCachemaskBackward0": lambda: (lambda x: (readout(torch.fake_quantize_per_channel_affine(
-        x, torch.tensor([0.1, 0.2, 0.05]), torch.zeros(3, dtype=torch.int32), 1, -10, 10)), [x]))(leaf(2, 3)),
+        x, torch.tensor([0.1, 0.2, 0.05]), torch.zeros(3, dtype=torch.int32), 1, -10, 10)), [x]))(case_leaf(2, 3)),
     "MseLossBackward0": loss_case(F.mse_loss),
     "HuberLossBackward0": loss_case(F.huber_loss, delta=0.5),
     "SmoothL1LossBackward0": loss_case(F.smooth_l1_loss, beta=0.5),
@@ -172,7 +147,7 @@ CASES = {
                                                                   F.binary_cross_entropy(p, t)), [p, t]))(unit(2, 3), unit(2, 3, seed=1)),
     "BinaryCrossEntropyWithLogitsBackward0": lambda: (lambda x, t: (readout(
         F.binary_cross_entropy_with_logits(x, t, reduction="none", pos_weight=torch.tensor([1.0, 2.0, 0.5], dtype=D)),
-        F.binary_cross_entropy_with_logits(x, t, reduction="sum")), [x, t]))(leaf(2, 3), unit(2, 3, seed=1)),
+        F.binary_cross_entropy_with_logits(x, t, reduction="sum")), [x, t]))(case_leaf(2, 3), unit(2, 3, seed=1)),
     "MseLossBackwardBackward0": loss_double_backward(F.mse_loss),
     "SmoothL1LossBackwardBackward0": loss_double_backward(F.smooth_l1_loss, beta=0.5),
     "EluBackwardBackward0": activation_double_backward(F.elu),
@@ -186,16 +161,16 @@ CASES = {
     "SoftshrinkBackwardBackward0": activation_double_backward(F.softshrink),
     # no edges: random fills, in-place comparisons, fills with a constant
     "BernoulliBackward0": zero_rule(lambda t: torch.bernoulli(t.abs() / (1 + t.abs()))),
-    "BernoulliBackward1": lambda: (lambda x, p: (readout(x.clone().bernoulli_(p) + x), [x, p]))(leaf(2, 3), torch.full((2, 3), 0.5, dtype=D, requires_grad=True)),
+    "BernoulliBackward1": lambda: (lambda x, p: (readout(x.clone().bernoulli_(p) + x), [x, p]))(case_leaf(2, 3), torch.full((2, 3), 0.5, dtype=D, requires_grad=True)),
     "BernoulliBackward2": zero_rule(lambda t: t.bernoulli_(0.5)),
     "CauchyBackward0": zero_rule(lambda t: t.cauchy_()),
     "ExponentialBackward0": zero_rule(lambda t: t.exponential_()),
     "GeometricBackward0": zero_rule(lambda t: t.geometric_(0.5)),
     "LogNormalBackward0": zero_rule(lambda t: t.log_normal_()),
     "NormalBackward0": zero_rule(lambda t: t.normal_()),
-    "NormalBackward1": lambda: (lambda m: (readout(torch.normal(m, 0.5) + m), [m]))(leaf(2, 3)),
-    "NormalBackward2": lambda: (lambda s: (readout(torch.normal(0.5, s) + s), [s]))(leaf(2, 3, positive=True)),
-    "NormalBackward3": lambda: (lambda m, s: (readout(torch.normal(m, s) + m * s), [m, s]))(leaf(2, 3), leaf(2, 3, seed=2, positive=True)),
+    "NormalBackward1": lambda: (lambda m: (readout(torch.normal(m, 0.5) + m), [m]))(case_leaf(2, 3)),
+    "NormalBackward2": lambda: (lambda s: (readout(torch.normal(0.5, s) + s), [s]))(case_leaf(2, 3, positive=True)),
+    "NormalBackward3": lambda: (lambda m, s: (readout(torch.normal(m, s) + m * s), [m, s]))(case_leaf(2, 3), case_leaf(2, 3, seed=2, positive=True)),
     "PoissonBackward0": zero_rule(lambda t: torch.poisson(t.abs())),
     "RandomBackward0": zero_rule(lambda t: t.random_(1, 5)),
     "RandomBackward1": zero_rule(lambda t: t.random_(5)),
@@ -222,10 +197,6 @@ SKIPPED = {
 GENERATED = gen_semiring_rules.generated_node_names()
 
 
-def nodes_in(outputs):
-    return autograd_node_names(outputs)
-
-
 def test_every_generated_node_has_a_case_or_a_stated_skip():
     missing = sorted(set(GENERATED) - set(CASES) - set(SKIPPED))
     assert not missing, f"generated rules without a test case: {missing}"
@@ -243,24 +214,6 @@ def test_registry_dispatches_generated_nodes_to_generated_rules():
 @pytest.mark.parametrize("node", sorted(CASES))
 def test_generated_rule_matches_reference(node):
     run_against_reference(node, CASES[node])
-
-
-def run_against_reference(node, make_case):
-    torch.manual_seed(0)
-    outputs, inputs = make_case()
-    assert node in nodes_in(outputs), f"the case for {node} does not create that node: {sorted(nodes_in(outputs))}"
-    for semiring in SEMIRING_NAMES:
-        torch.manual_seed(0)
-        expected = reference_values(outputs, inputs, semiring, k=3)
-        params = {"k": 3} if semiring == "kmax" else {}
-        actual = ts.grad(outputs, inputs, semiring=semiring, retain_graph=True, allow_unused=True, **params)
-        assert len(actual) == len(expected)
-        for i, (a, e) in enumerate(zip(actual, expected)):
-            assert a is not None, f"input {i} unexpectedly unused"
-            assert_values_equal(a, e, semiring, f"{node}/{semiring}/input {i}")
-    # real must be the stock gradient
-    for a, e in zip(ts.grad(outputs, inputs, semiring="real", retain_graph=True), autograd_values(outputs, inputs)):
-        torch.testing.assert_close(a, e, rtol=0, atol=1e-10)
 
 
 # ---- the formula rewriter itself --------------------------------------------

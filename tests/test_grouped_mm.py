@@ -16,7 +16,7 @@ import torch
 
 import torch_semiring as ts
 from reference import SEMIRING_NAMES, reference_values
-from test_transformers import assert_close_float32
+from helpers import assert_close_float32
 
 K = 3
 

@@ -19,7 +19,7 @@ import torch
 
 import torch_semiring as ts
 from torch_semiring import _C
-from test_kernels import KERNEL_SEMIRINGS, KMAX_K, make_value, make_weights, reference
+from kernel_helpers import KERNEL_SEMIRINGS, KMAX_K, make_value, make_weights, reference
 
 INF = math.inf
 

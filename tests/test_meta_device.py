@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 import torch_semiring as ts
 from reference import SEMIRING_NAMES, reference_values
-from test_reference import assert_values_equal
+from helpers import assert_values_equal
 
 D = torch.float64
 K = 2  # kmax's k

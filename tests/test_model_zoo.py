@@ -30,12 +30,12 @@ import torch
 
 import torch_semiring as ts
 from reference import SEMIRING_NAMES, reference_values
-from test_reference import assert_values_equal
+from helpers import assert_values_equal
 
 transformers = pytest.importorskip("transformers")
 from transformers import AutoConfig, AutoModel  # noqa: E402
 
-from test_transformers import assert_close_float32, node_types  # noqa: E402
+from helpers import assert_close_float32, node_types  # noqa: E402
 
 K = 3  # kmax's k
 

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 import torch_semiring as ts
 from torch_semiring import _C
 from reference import SEMIRING_NAMES, reference_values
-from test_reference import assert_values_equal
+from helpers import assert_values_equal
 
 D = torch.float64
 KERNEL_SEMIRINGS = ["abs", "count", "log", "entropy", "max_abs", "viterbi", "max_prod", "kmax"]

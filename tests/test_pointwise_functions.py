@@ -14,7 +14,7 @@ import torch
 
 import torch_semiring as ts
 from reference import SEMIRING_NAMES, reference_values
-from test_reference import assert_values_equal
+from helpers import assert_values_equal
 
 K = 3
 

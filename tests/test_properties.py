@@ -12,18 +12,18 @@ from hypothesis import strategies as st
 
 import torch_semiring as ts
 from reference import SEMIRING_NAMES, reference_values
-from test_reference import BINARY_OPS, UNARY_OPS, _to22, assert_values_equal, random_programs, run_program
+from helpers import BINARY_OPS, UNARY_OPS, assert_values_equal, random_programs, run_program, to22
 
 # More ops that exercise the selection, broadcast and batched-matmul rules;
 # every op keeps shapes broadcastable to (2, 2), as the base tables do.
 UNARY = {
     **UNARY_OPS,
-    "index_repeat": lambda a: _to22(a)[[1, 1]],
-    "gather": lambda a: _to22(a).gather(1, torch.tensor([[1, 1], [0, 1]])),
+    "index_repeat": lambda a: to22(a)[[1, 1]],
+    "gather": lambda a: to22(a).gather(1, torch.tensor([[1, 1], [0, 1]])),
     "softplus_exp": lambda a: torch.nn.functional.softplus(a).exp(),
-    "expand_sum": lambda a: _to22(a)[None].expand(3, 2, 2).sum(0),
+    "expand_sum": lambda a: to22(a)[None].expand(3, 2, 2).sum(0),
 }
-BINARY = {**BINARY_OPS, "bmm": lambda a, b: torch.bmm(_to22(a)[None], _to22(b)[None])[0]}
+BINARY = {**BINARY_OPS, "bmm": lambda a, b: torch.bmm(to22(a)[None], to22(b)[None])[0]}
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])

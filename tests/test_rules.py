@@ -12,26 +12,14 @@ import torch.nn.functional as F
 
 import torch_semiring as ts
 from reference import SEMIRING_NAMES, autograd_values, reference_values
-from test_reference import CASES as REFERENCE_CASES
-from test_reference import assert_values_equal
+from helpers import REFERENCE_CASES, assert_values_equal, attention_by_hand, layout, mlp3, pointwise_broadcast, seeded_leaf
 
 D = torch.float64
 
 
-def leaf(*shape, scale=1.0, seed=None):
-    g = torch.Generator().manual_seed(seed if seed is not None else sum(shape) * 7 + len(shape))
-    return (torch.randn(*shape, generator=g, dtype=D) * scale).requires_grad_()
-
-
-def pointwise_broadcast():
-    x, y = leaf(2, 1), leaf(3)
-    out = (x * y + torch.sin(x) / (1 + y**2) - y).tanh() * torch.sigmoid(y).exp()
-    return out, [x, y], None
-
-
 def pointwise_zoo():
-    x = leaf(4, seed=1)
-    y = leaf(4, seed=2).abs() + 0.5
+    x = seeded_leaf(4, seed=1)
+    y = seeded_leaf(4, seed=2).abs() + 0.5
     out = (
         F.relu(x) + F.leaky_relu(x, 0.1) + F.gelu(x) + F.silu(x) + torch.rsqrt(y) + y.sqrt()
         + x.pow(3) + y.log() + torch.clamp(x, -0.5, 0.5) + torch.maximum(x, y - 1) + x.abs()
@@ -42,12 +30,12 @@ def pointwise_zoo():
 
 
 def parallel_edges():
-    x = leaf(3, seed=3)
+    x = seeded_leaf(3, seed=3)
     return 3 * x + x * x + x**2, [x], None
 
 
 def reductions():
-    x = leaf(3, 4, seed=4)
+    x = seeded_leaf(3, 4, seed=4)
     x2 = x.detach().clone()
     x2[0, 1] = x2[0, 3]  # a tie for amax
     t = x2.requires_grad_()
@@ -59,27 +47,13 @@ def reductions():
     return [o.reshape(-1) for o in outs], [x, t], None
 
 
-def layout():
-    x = leaf(2, 3, 4, seed=5)
-    y = leaf(3, 4, seed=6)
-    pieces = [
-        x.view(6, 4), x.reshape(4, 6), x.permute(2, 0, 1), x.transpose(0, 2), y.t(), x[1], x[:, 1:3],
-        x.narrow(2, 1, 2), x.unsqueeze(1), y.unsqueeze(0).squeeze(0), torch.cat([y, x[0]], 0),
-        torch.stack([y, x[1]]), x.flip(1), x.roll(1, 2), y.expand(2, 3, 4), x.clone(), y.diagonal(),
-        y.tril(), y.triu(1), F.pad(y, (1, 2)), *x.split([1, 2], 1), *y.unbind(0), *x.chunk(2, 2),
-        y.expand(5, 3, 4).sum(0), y[None].expand(2, 3, 4).permute(1, 0, 2),
-    ]
-    w = [torch.linspace(-1, 2, p.numel(), dtype=D).reshape(p.shape) for p in pieces]
-    return [(p * c).reshape(-1) for p, c in zip(pieces, w)], [x, y], None
-
-
 def slices_selects_cats():
     # The placements with their own rules (slice, select, cat, view / unsafe_view): negative and
     # out-of-range bounds, steps, negative dims and indices, positions nothing reaches, cat with a legacy
     # empty input.
-    x = leaf(3, 5, 4, seed=11)
-    y = leaf(2, 4, seed=12)
-    z = leaf(4, seed=13, scale=2.0)
+    x = seeded_leaf(3, 5, 4, seed=11)
+    y = seeded_leaf(2, 4, seed=12)
+    z = seeded_leaf(4, seed=13, scale=2.0)
     pieces = [
         x[:, 1:4], x[..., ::2], x[-2:, :, -3:-1], x[:, 3:100], x[:, 1::3],
         x.select(-1, -2), x[1], x[:, 0, 2], torch.cat([x[0, :2], y, torch.empty(0, dtype=D)], 0),
@@ -91,9 +65,9 @@ def slices_selects_cats():
 
 
 def contractions():
-    a, b, c = leaf(3, 4, seed=7), leaf(4, 2, seed=8), leaf(2, seed=9)
-    A, B, bias = leaf(2, 3, 4, seed=10), leaf(2, 4, 5, seed=11), leaf(3, 5, seed=12)
-    v, u = leaf(4, seed=13), leaf(3, seed=14)
+    a, b, c = seeded_leaf(3, 4, seed=7), seeded_leaf(4, 2, seed=8), seeded_leaf(2, seed=9)
+    A, B, bias = seeded_leaf(2, 3, 4, seed=10), seeded_leaf(2, 4, 5, seed=11), seeded_leaf(3, 5, seed=12)
+    v, u = seeded_leaf(4, seed=13), seeded_leaf(3, seed=14)
     outs = [
         a @ b, torch.addmm(c, a, b, beta=0.5, alpha=2.0), torch.bmm(A, B), torch.baddbmm(bias, A, B, alpha=-1.5),
         A @ b, a @ v, torch.addmv(u, a, v, alpha=0.5), v.dot(v * 2), F.linear(a, b.t(), c),
@@ -102,68 +76,47 @@ def contractions():
 
 
 def selections():
-    x = leaf(4, 3, seed=15)
+    x = seeded_leaf(4, 3, seed=15)
     idx = torch.tensor([2, 0, 2, 3, 2])
     outs = [
         x[idx], x[idx, torch.tensor([0, 1, 1, 2, 0])], x.index_select(1, torch.tensor([2, 2, 0])),
         x.gather(0, torch.tensor([[1, 1, 0], [3, 1, 1]])), x[x > 0.3],
-        x.scatter(0, torch.tensor([[1, 0, 3]]), leaf(1, 3, seed=16)),
+        x.scatter(0, torch.tensor([[1, 0, 3]]), seeded_leaf(1, 3, seed=16)),
     ]
     return [o.reshape(-1) for o in outs], [x], None
 
 
-def mlp3():
-    torch.manual_seed(0)
-    net = torch.nn.Sequential(
-        torch.nn.Linear(4, 6), torch.nn.Tanh(), torch.nn.Linear(6, 5), torch.nn.ReLU(), torch.nn.Linear(5, 2)
-    ).double()
-    x = leaf(3, 4, seed=17)
-    return net(x).sum(), [x, *net.parameters()], None
-
-
-def attention_by_hand():
-    torch.manual_seed(1)
-    x = leaf(2, 4, 3, seed=18)  # batch, tokens, hidden
-    wq, wk, wv = leaf(3, 3, seed=19), leaf(3, 3, seed=20), leaf(3, 3, seed=21)
-    q, k, v = x @ wq, x @ wk, x @ wv
-    scores = torch.bmm(q, k.transpose(1, 2)) / 3**0.5
-    e = (scores - scores.amax(-1, keepdim=True).detach()).exp()
-    p = e / e.sum(-1, keepdim=True)
-    out = torch.bmm(p, v) + x
-    return out[:, 0].sum(), [x, wq, wk, wv], None
-
-
 def nonleaf_and_edges():
-    x = leaf(3, seed=22)
+    x = seeded_leaf(3, seed=22)
     h = x.exp() * 2
     y = (h * h.sin()).sum() + x.sum()
     return y, [h, torch.autograd.graph.get_gradient_edge(x)], None
 
 
 def grad_outputs_given():
-    x = leaf(2, 3, seed=23)
+    x = seeded_leaf(2, 3, seed=23)
     y = (x.tanh() * 3, x.sum(0))
     return list(y), [x], [torch.tensor([[1.0, -2.0, 0.0], [0.5, 3.0, -1.0]], dtype=D), torch.tensor([2.0, 0.0, -1.0], dtype=D)]
 
 
 def softmaxes():
-    x = leaf(2, 4, seed=30)
+    x = seeded_leaf(2, 4, seed=30)
     masked = x.masked_fill(torch.tensor([[True, False, False, False], [True] * 4]), -float("inf"))
     outs = [F.softmax(x, -1), F.log_softmax(x, 0), torch._safe_softmax(masked, -1)]
     return [o.reshape(-1) * torch.linspace(-1, 2, o.numel(), dtype=D) for o in outs], [x], None
 
 
 def layer_norms():
-    x, w, b = leaf(2, 3, 4, seed=31), leaf(4, seed=32), leaf(4, seed=33)
-    w2 = leaf(3, 4, seed=34)
+    x, w, b = seeded_leaf(2, 3, 4, seed=31), seeded_leaf(4, seed=32), seeded_leaf(4, seed=33)
+    w2 = seeded_leaf(3, 4, seed=34)
     outs = [F.layer_norm(x, (4,), w, b), F.layer_norm(x, (3, 4), w2), F.layer_norm(x, (4,))]
     return [o.reshape(-1) * torch.linspace(-1, 1, o.numel(), dtype=D) for o in outs], [x, w, b, w2], None
 
 
 def attention_fused():
-    q, k, v = leaf(1, 2, 3, 4, seed=35), leaf(1, 2, 5, 4, seed=36), leaf(1, 2, 5, 2, seed=37)
-    q2, k2, v2 = leaf(1, 4, 3, 4, seed=38), leaf(1, 2, 3, 4, seed=39), leaf(1, 2, 3, 2, seed=40)
-    mask = leaf(3, 5, seed=41)
+    q, k, v = seeded_leaf(1, 2, 3, 4, seed=35), seeded_leaf(1, 2, 5, 4, seed=36), seeded_leaf(1, 2, 5, 2, seed=37)
+    q2, k2, v2 = seeded_leaf(1, 4, 3, 4, seed=38), seeded_leaf(1, 2, 3, 4, seed=39), seeded_leaf(1, 2, 3, 2, seed=40)
+    mask = seeded_leaf(3, 5, seed=41)
     outs = [
         F.scaled_dot_product_attention(q, k, v), F.scaled_dot_product_attention(q, k, v, attn_mask=mask),
         F.scaled_dot_product_attention(q2, k2, v2, is_causal=True, enable_gqa=True),
@@ -172,9 +125,9 @@ def attention_fused():
 
 
 def embedding_and_losses():
-    w = leaf(5, 3, seed=42)
+    w = seeded_leaf(5, 3, seed=42)
     idx = torch.tensor([[1, 0, 1], [4, 1, 0]])
-    x, x3 = leaf(4, 3, seed=43), leaf(2, 3, 2, seed=44)
+    x, x3 = seeded_leaf(4, 3, seed=43), seeded_leaf(2, 3, 2, seed=44)
     t = torch.tensor([0, 2, 1, 2])
     outs = [
         F.embedding(idx, w, padding_idx=0).reshape(-1) * torch.linspace(-1, 2, 18, dtype=D),
@@ -191,7 +144,7 @@ def in_place_writes():
     # CopySlices (in-place ops on views of a non-leaf, with one or two inputs;
     # a strided diagonal view; copy_ into a view) and CopyBackwards (copy_
     # into a whole tensor, whose old value is then reached by nothing)
-    x, z, w = leaf(3, 4), leaf(2, 4), leaf(4)
+    x, z, w = seeded_leaf(3, 4), seeded_leaf(2, 4), seeded_leaf(4)
     y = x * 1.5
     y[0:2].mul_(z)
     y.diagonal().add_(2.0)
@@ -206,13 +159,13 @@ def convolutions():
     # an unbatched conv2d, average pooling (padding, ceil_mode,
     # count_include_pad=False, divisor_override) and batch norm with running
     # statistics; tiny shapes: the reference reads every Jacobian entry
-    x, x1 = leaf(2, 4, 5, 5), leaf(2, 3, 7)
-    w = leaf(6, 2, 3, 3, scale=0.7)
-    b = leaf(6)
-    w1 = leaf(4, 3, 2)
+    x, x1 = seeded_leaf(2, 4, 5, 5), seeded_leaf(2, 3, 7)
+    w = seeded_leaf(6, 2, 3, 3, scale=0.7)
+    b = seeded_leaf(6)
+    w1 = seeded_leaf(4, 3, 2)
     h = F.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
     h = F.avg_pool2d(h, 2, stride=1, padding=1, ceil_mode=True, count_include_pad=False)
-    bn_w, bn_b = leaf(6), leaf(6)
+    bn_w, bn_b = seeded_leaf(6), seeded_leaf(6)
     h = F.batch_norm(h, torch.randn(6, dtype=D), torch.rand(6, dtype=D) + 0.5, bn_w, bn_b, training=False)
     h2 = F.avg_pool2d(F.conv2d(x[0], w[:4, :, :2, :2], groups=2), 2, divisor_override=3)  # unbatched input
     y = F.conv1d(x1, w1, stride=2, padding=1).tanh()
@@ -223,11 +176,11 @@ def convolutions():
 def convolutions_3d_and_transposed():
     # conv3d + avg_pool3d, and transposed convolutions (stride, padding,
     # output_padding, dilation, groups, bias) in 1-D and 2-D
-    x3, w3 = leaf(1, 2, 3, 4, 3), leaf(2, 2, 2, 2, 2, scale=0.6)
+    x3, w3 = seeded_leaf(1, 2, 3, 4, 3), seeded_leaf(2, 2, 2, 2, 2, scale=0.6)
     h3 = F.avg_pool3d(F.conv3d(x3, w3, padding=(1, 0, 1), stride=(1, 2, 1)), 2, stride=1, ceil_mode=True)
-    xt, wt, bt = leaf(2, 4, 3, 3), leaf(4, 1, 2, 3, scale=0.7), leaf(2)
+    xt, wt, bt = seeded_leaf(2, 4, 3, 3), seeded_leaf(4, 1, 2, 3, scale=0.7), seeded_leaf(2)
     ht = F.conv_transpose2d(xt, wt, bt, stride=2, padding=(1, 0), output_padding=1, groups=2, dilation=(1, 2))
-    x1, w1 = leaf(1, 2, 4), leaf(2, 3, 3)
+    x1, w1 = seeded_leaf(1, 2, 4), seeded_leaf(2, 3, 3)
     h1 = F.conv_transpose1d(x1, w1, stride=3, padding=1)
     return [h3.sin(), ht.tanh(), h1], [x3, w3, xt, wt, bt, x1, w1], None
 
@@ -252,7 +205,7 @@ def test_small_cnn_runs_in_every_semiring():
 def resampling():
     # interpolating resampling: one case per mode, with align_corners, scale
     # factors and downsampling (the antialiased variants have no rule)
-    x, x1, x3 = leaf(1, 2, 3, 4), leaf(1, 2, 4), leaf(1, 1, 2, 2, 3)
+    x, x1, x3 = seeded_leaf(1, 2, 3, 4), seeded_leaf(1, 2, 4), seeded_leaf(1, 1, 2, 2, 3)
     outs = [
         F.interpolate(x, scale_factor=(2, 1.5), mode="bilinear"),
         F.interpolate(x, size=(5, 3), mode="bicubic", align_corners=True).sin(),
@@ -264,8 +217,8 @@ def resampling():
 
 
 def batch_norm_training():
-    x = leaf(3, 2, 2, 2)
-    w, b = leaf(2), leaf(2)
+    x = seeded_leaf(3, 2, 2, 2)
+    w, b = seeded_leaf(2), seeded_leaf(2)
     return F.batch_norm(x, None, None, w, b, training=True).pow(2), [x, w, b], None
 
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import torch_semiring as ts
-from test_reference import _spec_cases
+from helpers import spec_cases
 
 
 def _engine(outputs, inputs, semiring):
@@ -15,7 +15,7 @@ def _engine(outputs, inputs, semiring):
     return ts.grad(outputs, inputs, semiring=semiring)
 
 
-@pytest.mark.parametrize("case", [b for _, b in _spec_cases()], ids=[i for i, _ in _spec_cases()])
+@pytest.mark.parametrize("case", [b for _, b in spec_cases()], ids=[i for i, _ in spec_cases()])
 def test_spec_worked_value(case):
     outputs, inputs, semiring, expected = case()
     got = _engine(outputs, inputs, semiring)

@@ -12,49 +12,16 @@ import pytest
 import torch
 
 import torch_semiring as ts
-from reference import SEMIRING_NAMES, autograd_node_names, reference_values
-from test_reference import assert_values_equal
+from reference import SEMIRING_NAMES, reference_values
+from helpers import assert_close_float32, assert_values_equal, node_types, tiny
 
-transformers = pytest.importorskip("transformers")
-from transformers import (  # noqa: E402
-    BertConfig,
-    BertForSequenceClassification,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
-)
-
-VOCAB = 20
-
-
-def tiny(family: str, attn: str, layers: int = 1, dropout: float = 0.1):
-    torch.manual_seed(0)
-    if family == "bert":
-        cfg = BertConfig(vocab_size=VOCAB, hidden_size=8, num_hidden_layers=layers, num_attention_heads=2,
-                         intermediate_size=16, max_position_embeddings=16, hidden_dropout_prob=dropout,
-                         attention_probs_dropout_prob=dropout, attn_implementation=attn)
-        return BertForSequenceClassification(cfg)
-    if family == "gpt2":
-        cfg = GPT2Config(vocab_size=VOCAB, n_embd=8, n_layer=layers, n_head=2, n_positions=16, resid_pdrop=dropout,
-                         embd_pdrop=dropout, attn_pdrop=dropout, bos_token_id=0, eos_token_id=0,
-                         attn_implementation=attn)
-        return GPT2LMHeadModel(cfg)
-    cfg = LlamaConfig(vocab_size=VOCAB, hidden_size=8, intermediate_size=16, num_hidden_layers=layers,
-                      num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=16,
-                      attention_dropout=dropout, bos_token_id=0, eos_token_id=0, pad_token_id=0,
-                      attn_implementation=attn)
-    return LlamaForCausalLM(cfg)
+pytest.importorskip("transformers")
 
 
 def loss_of(model, family: str, ids: torch.Tensor) -> torch.Tensor:
     if family == "bert":
         return model(input_ids=ids, labels=torch.zeros(ids.shape[0], dtype=torch.long)).loss
     return model(input_ids=ids, labels=ids).loss
-
-
-def node_types(root) -> set[str]:
-    return autograd_node_names(root) - {"torch::autograd::AccumulateGrad"}
 
 
 MATRIX = list(itertools.product(["bert", "gpt2", "llama"], ["eager", "sdpa"], [True, False], [False, True]))
@@ -114,13 +81,6 @@ def test_models_match_reference_in_float64(family, attn, semiring):
             assert_close_float32(a, e, what)
         else:
             assert_values_equal(a, e, semiring, what)
-
-
-def assert_close_float32(actual, expected, what):
-    for pred in (torch.isnan, torch.isposinf, torch.isneginf):
-        assert torch.equal(pred(actual), pred(expected)), what
-    finite = torch.isfinite(expected)
-    torch.testing.assert_close(actual[finite], expected[finite], rtol=1e-5, atol=1e-6, msg=what)
 
 
 def test_non_reentrant_checkpointing_gives_the_same_values():
