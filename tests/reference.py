@@ -60,7 +60,8 @@ __all__ = [
 
 #: The nine semirings of the spec.  ``min_prod`` (the lowest signed path
 #: product, tracked alongside ``max_prod``) is accepted by :func:`get_semiring`
-#: too, but is not one of the public names.
+#: too, but is not one of the public names; ``min_plus`` (the worked example of
+#: docs/architecture.md) is, and has its own tests (tests/test_min_plus.py).
 SEMIRING_NAMES = (
     "real",
     "abs",
@@ -459,6 +460,22 @@ class ViterbiSemiring(Semiring):
         return a + b
 
 
+class MinPlusSemiring(Semiring):
+    """(min, +) on −log|w|: the cheapest path, an edge costing −log|w| (the tropical semiring)."""
+
+    name = "min_plus"
+    zero, one = POS_INF, 0.0
+
+    def lift(self, w):
+        return -_log_abs(w)
+
+    def plus(self, a, b):
+        return min(a, b)
+
+    def times(self, a, b):
+        return a + b
+
+
 class MaxProdSemiring(Semiring):
     """Pairs (M, m) = (highest, lowest) *signed* path product.
 
@@ -570,6 +587,7 @@ def get_semiring(name: str, k: int | None = None) -> Semiring:
         "log": LogSemiring,
         "max_abs": MaxAbsSemiring,
         "viterbi": ViterbiSemiring,
+        "min_plus": MinPlusSemiring,
         "max_prod": lambda: MaxProdSemiring(readout_min=False),
         "min_prod": lambda: MaxProdSemiring(readout_min=True),
         "entropy": EntropySemiring,

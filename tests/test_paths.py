@@ -12,8 +12,7 @@ import torch
 
 import torch_semiring as ts
 from reference import _seeds, build_graph, enumerate_paths
-from test_rules import attention_by_hand, mlp3, pointwise_broadcast
-from test_transformers import tiny
+from helpers import attention_by_hand, mlp3, pointwise_broadcast, tiny
 
 D = torch.float64
 
@@ -52,6 +51,8 @@ def all_paths(out, inputs):
 
 
 def score(semiring, weights):
+    if semiring == "min_plus":
+        return -sum(math.log(abs(w)) for w in weights)
     if semiring in ("viterbi", "kmax"):
         return sum(math.log(abs(w)) for w in weights)
     if semiring == "max_abs":
@@ -63,7 +64,8 @@ def flat_index(step):
     return int(torch.tensor(step.index).dot(torch.tensor(torch.ones(step.shape).stride()))) if step.shape else 0
 
 
-@pytest.mark.parametrize("semiring,k", [("viterbi", 1), ("max_abs", 1), ("max_prod", 1), ("kmax", 3), ("viterbi", 4)])
+@pytest.mark.parametrize("semiring,k", [("viterbi", 1), ("max_abs", 1), ("max_prod", 1), ("kmax", 3), ("viterbi", 4),
+                                        ("min_plus", 1)])
 @pytest.mark.parametrize("case", ["small", "broadcast", "mlp", "attention", "cnn"])
 def test_top_paths_match_brute_force(case, semiring, k):
     build = {"small": small_graph, "broadcast": lambda: pointwise_broadcast()[:2],
@@ -75,7 +77,7 @@ def test_top_paths_match_brute_force(case, semiring, k):
         out = out.sum()
     enumerated = all_paths(out, inputs)
     kind = "kmax" if k > 1 else semiring
-    best = sorted((score(kind, w) for _, _, w in enumerated), reverse=True)[:k]
+    best = sorted((score(kind, w) for _, _, w in enumerated), reverse=kind != "min_plus")[:k]
     paths = ts.top_paths(out, inputs, semiring=semiring, k=k)
     assert [p.rank for p in paths] == list(range(len(best)))
     for p, expected in zip(paths, best):

@@ -9,6 +9,7 @@
 #include "log.h"
 #include "max_abs.h"
 #include "max_prod.h"
+#include "min_plus.h"
 #include "product.h"
 #include "provenance.h"
 #include "real.h"
@@ -233,6 +234,7 @@ const std::map<std::string, Factory>& factories() {
       {"max_abs", [](int64_t) { return std::make_shared<MaxAbsSemiring>(); }},
       {"viterbi", [](int64_t) { return std::make_shared<ViterbiSemiring>(); }},
       {"max_prod", [](int64_t) { return std::make_shared<MaxProdSemiring>(); }},
+      {"min_plus", [](int64_t) { return std::make_shared<MinPlusSemiring>(); }},
       {"entropy", [](int64_t) { return std::make_shared<EntropySemiring>(); }},
       {"kmax", [](int64_t k) { return std::make_shared<KMaxSemiring>(k); }},
   };
