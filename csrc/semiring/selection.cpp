@@ -9,8 +9,10 @@
 #include "kernels/elementwise.h"
 #include "kernels/norm_rows.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 namespace torch_semiring {
 namespace selection {
