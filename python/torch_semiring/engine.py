@@ -13,7 +13,7 @@ from . import _C
 from .accumulation import check_grad_semiring, retained_tensors, write_grads
 from .mode import get_semiring
 from .rules import declare_known_functions
-from .semirings import Part, Resolved, resolve
+from .semirings import Resolved, resolve
 
 # PyTorch's own entry points (torch_integration wraps the public names later):
 # `real` runs on them, so it is the stock engine — hooks, accumulation order,
