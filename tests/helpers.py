@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from torch.autograd.graph import get_gradient_edge
 
 import torch_semiring as ts
-from reference import SEMIRING_NAMES, autograd_node_names, autograd_values, reference_values
+from reference import SEMIRING_NAMES, _seeds, autograd_node_names, autograd_values, build_graph, enumerate_paths, reference_values
 
 D = torch.float64
 
@@ -383,6 +383,53 @@ def mlp3():
     return net(x).sum(), [x, *net.parameters()], None
 
 
+def in_place_writes():
+    # CopySlices (in-place ops on views of a non-leaf, with one or two inputs;
+    # a strided diagonal view; copy_ into a view) and CopyBackwards (copy_
+    # into a whole tensor, whose old value is then reached by nothing)
+    x, z, w = seeded_leaf(3, 4), seeded_leaf(2, 4), seeded_leaf(4)
+    y = x * 1.5
+    y[0:2].mul_(z)
+    y.diagonal().add_(2.0)
+    y[2].copy_(z[1] * 3)
+    v = w * 2.0
+    v.copy_(x[1])
+    return (y * x).sum() + (v * w).sum(), [x, z, w], None
+
+
+def convolutions():
+    # conv2d (padding, stride, dilation, groups, bias), conv1d without bias,
+    # an unbatched conv2d, average pooling (padding, ceil_mode,
+    # count_include_pad=False, divisor_override) and batch norm with running
+    # statistics; tiny shapes: the reference reads every Jacobian entry
+    x, x1 = seeded_leaf(2, 4, 5, 5), seeded_leaf(2, 3, 7)
+    w = seeded_leaf(6, 2, 3, 3, scale=0.7)
+    b = seeded_leaf(6)
+    w1 = seeded_leaf(4, 3, 2)
+    h = F.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
+    h = F.avg_pool2d(h, 2, stride=1, padding=1, ceil_mode=True, count_include_pad=False)
+    bn_w, bn_b = seeded_leaf(6), seeded_leaf(6)
+    h = F.batch_norm(h, torch.randn(6, dtype=D), torch.rand(6, dtype=D) + 0.5, bn_w, bn_b, training=False)
+    h2 = F.avg_pool2d(F.conv2d(x[0], w[:4, :, :2, :2], groups=2), 2, divisor_override=3)  # unbatched input
+    y = F.conv1d(x1, w1, stride=2, padding=1).tanh()
+    a1, a2 = F.adaptive_avg_pool2d(x[:, :3], (3, 2)), F.adaptive_avg_pool2d(x[:1, 1:], 4)  # overlapping windows
+    return [h.sin(), h2, y, a1.exp(), a2], [x, x1, w, b, w1, bn_w, bn_b], None
+
+
+def resampling():
+    # interpolating resampling: one case per mode, with align_corners, scale
+    # factors and downsampling (the antialiased variants have no rule)
+    x, x1, x3 = seeded_leaf(1, 2, 3, 4), seeded_leaf(1, 2, 4), seeded_leaf(1, 1, 2, 2, 3)
+    outs = [
+        F.interpolate(x, scale_factor=(2, 1.5), mode="bilinear"),
+        F.interpolate(x, size=(5, 3), mode="bicubic", align_corners=True).sin(),
+        F.interpolate(x, size=(2, 3), mode="bilinear"),
+        F.interpolate(x1, scale_factor=1.75, mode="linear"),
+        F.interpolate(x3, size=(3, 3, 4), mode="trilinear", align_corners=True).tanh(),
+    ]
+    return outs, [x, x1, x3], None
+
+
 def attention_by_hand():
     torch.manual_seed(1)
     x = seeded_leaf(2, 4, 3, seed=18)  # batch, tokens, hidden
@@ -481,3 +528,31 @@ def run_against_reference(node, make_case):
     # real must be the stock gradient
     for a, e in zip(ts.grad(outputs, inputs, semiring="real", retain_graph=True), autograd_values(outputs, inputs)):
         torch.testing.assert_close(a, e, rtol=0, atol=1e-10)
+
+
+# ---- paths by brute force (test_paths, test_attention_rule)
+
+
+def all_paths(out, inputs):
+    """(input index, flat element, [edge weights]) of every path, by brute force."""
+    graph = build_graph([out], inputs)
+    seeds = _seeds(graph, [out], None)
+    found = []
+    for i, vertices in enumerate(graph.input_vertices):
+        for flat, v in enumerate(vertices):
+            found += [(i, flat, weights) for weights in enumerate_paths(graph, v, seeds)]
+    return found
+
+
+def score(semiring, weights):
+    if semiring == "min_plus":
+        return -sum(math.log(abs(w)) for w in weights)
+    if semiring in ("viterbi", "kmax"):
+        return sum(math.log(abs(w)) for w in weights)
+    if semiring == "max_abs":
+        return math.prod(abs(w) for w in weights)
+    return math.prod(weights)  # max_prod
+
+
+def flat_index(step):
+    return int(torch.tensor(step.index).dot(torch.tensor(torch.ones(step.shape).stride()))) if step.shape else 0

@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 import torch_semiring as ts
 from torch_semiring import _C
 from reference import SEMIRING_NAMES, reference_values
-from helpers import assert_values_equal
+from helpers import all_paths, assert_values_equal, flat_index, score
 from python_semirings import PyMaxPlus
 
 D = torch.float64
@@ -237,7 +237,6 @@ def test_paths_through_the_node_match_brute_force(case, semiring, block, monkeyp
     # the winning terms); max_prod / kmax paths the semiring's matmul. From
     # each of q, k, v: every path must be a path of the graph whose edges
     # give its value, and the values the best by enumeration.
-    from test_paths import all_paths, flat_index, score
 
     if block:
         monkeypatch.setenv("TORCH_SEMIRING_ATTENTION_BLOCK", block)

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import torch_semiring as ts
-from reference import _seeds, build_graph, enumerate_paths
-from helpers import attention_by_hand, mlp3, pointwise_broadcast, tiny
+from helpers import all_paths, attention_by_hand, flat_index, mlp3, pointwise_broadcast, score, tiny
 
 D = torch.float64
 
@@ -37,31 +36,6 @@ def tiny_cnn():
     net[1].running_var.fill_(0.7)
     x = torch.randn(1, 1, 4, 4, generator=g, dtype=torch.float64, requires_grad=True)
     return net(x).sum(), [x, net[0].weight]
-
-
-def all_paths(out, inputs):
-    """(input index, flat element, [edge weights]) of every path, by brute force."""
-    graph = build_graph([out], inputs)
-    seeds = _seeds(graph, [out], None)
-    found = []
-    for i, vertices in enumerate(graph.input_vertices):
-        for flat, v in enumerate(vertices):
-            found += [(i, flat, weights) for weights in enumerate_paths(graph, v, seeds)]
-    return found
-
-
-def score(semiring, weights):
-    if semiring == "min_plus":
-        return -sum(math.log(abs(w)) for w in weights)
-    if semiring in ("viterbi", "kmax"):
-        return sum(math.log(abs(w)) for w in weights)
-    if semiring == "max_abs":
-        return math.prod(abs(w) for w in weights)
-    return math.prod(weights)  # max_prod
-
-
-def flat_index(step):
-    return int(torch.tensor(step.index).dot(torch.tensor(torch.ones(step.shape).stride()))) if step.shape else 0
 
 
 @pytest.mark.parametrize("semiring,k", [("viterbi", 1), ("max_abs", 1), ("max_prod", 1), ("kmax", 3), ("viterbi", 4),

@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 import torch_semiring as ts
 from reference import SEMIRING_NAMES, autograd_values, reference_values
-from helpers import REFERENCE_CASES, assert_values_equal, attention_by_hand, layout, mlp3, pointwise_broadcast, seeded_leaf
+from helpers import (REFERENCE_CASES, assert_values_equal, attention_by_hand, convolutions, in_place_writes, layout, mlp3,
+                     pointwise_broadcast, resampling, seeded_leaf)
 
 D = torch.float64
 
@@ -140,39 +141,6 @@ def embedding_and_losses():
     return outs, [w, x, x3], None
 
 
-def in_place_writes():
-    # CopySlices (in-place ops on views of a non-leaf, with one or two inputs;
-    # a strided diagonal view; copy_ into a view) and CopyBackwards (copy_
-    # into a whole tensor, whose old value is then reached by nothing)
-    x, z, w = seeded_leaf(3, 4), seeded_leaf(2, 4), seeded_leaf(4)
-    y = x * 1.5
-    y[0:2].mul_(z)
-    y.diagonal().add_(2.0)
-    y[2].copy_(z[1] * 3)
-    v = w * 2.0
-    v.copy_(x[1])
-    return (y * x).sum() + (v * w).sum(), [x, z, w], None
-
-
-def convolutions():
-    # conv2d (padding, stride, dilation, groups, bias), conv1d without bias,
-    # an unbatched conv2d, average pooling (padding, ceil_mode,
-    # count_include_pad=False, divisor_override) and batch norm with running
-    # statistics; tiny shapes: the reference reads every Jacobian entry
-    x, x1 = seeded_leaf(2, 4, 5, 5), seeded_leaf(2, 3, 7)
-    w = seeded_leaf(6, 2, 3, 3, scale=0.7)
-    b = seeded_leaf(6)
-    w1 = seeded_leaf(4, 3, 2)
-    h = F.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
-    h = F.avg_pool2d(h, 2, stride=1, padding=1, ceil_mode=True, count_include_pad=False)
-    bn_w, bn_b = seeded_leaf(6), seeded_leaf(6)
-    h = F.batch_norm(h, torch.randn(6, dtype=D), torch.rand(6, dtype=D) + 0.5, bn_w, bn_b, training=False)
-    h2 = F.avg_pool2d(F.conv2d(x[0], w[:4, :, :2, :2], groups=2), 2, divisor_override=3)  # unbatched input
-    y = F.conv1d(x1, w1, stride=2, padding=1).tanh()
-    a1, a2 = F.adaptive_avg_pool2d(x[:, :3], (3, 2)), F.adaptive_avg_pool2d(x[:1, 1:], 4)  # overlapping windows
-    return [h.sin(), h2, y, a1.exp(), a2], [x, x1, w, b, w1, bn_w, bn_b], None
-
-
 def convolutions_3d_and_transposed():
     # conv3d + avg_pool3d, and transposed convolutions (stride, padding,
     # output_padding, dilation, groups, bias) in 1-D and 2-D
@@ -200,20 +168,6 @@ def test_small_cnn_runs_in_every_semiring():
     for semiring in SEMIRING_NAMES:
         (v,) = ts.grad(out, x, semiring=semiring, retain_graph=True, **({"k": 2} if semiring == "kmax" else {}))
         assert v.shape[:4] == x.shape and not torch.isnan(v).all()
-
-
-def resampling():
-    # interpolating resampling: one case per mode, with align_corners, scale
-    # factors and downsampling (the antialiased variants have no rule)
-    x, x1, x3 = seeded_leaf(1, 2, 3, 4), seeded_leaf(1, 2, 4), seeded_leaf(1, 1, 2, 2, 3)
-    outs = [
-        F.interpolate(x, scale_factor=(2, 1.5), mode="bilinear"),
-        F.interpolate(x, size=(5, 3), mode="bicubic", align_corners=True).sin(),
-        F.interpolate(x, size=(2, 3), mode="bilinear"),
-        F.interpolate(x1, scale_factor=1.75, mode="linear"),
-        F.interpolate(x3, size=(3, 3, 4), mode="trilinear", align_corners=True).tanh(),
-    ]
-    return outs, [x, x1, x3], None
 
 
 def batch_norm_training():

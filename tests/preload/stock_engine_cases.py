@@ -218,7 +218,7 @@ def test_readme_example_runs_on_pytorchs_engine():
 @interposer_only
 def test_python_semiring_through_pytorchs_engine():
     # the engine runs without the GIL; the Python semiring's calls take it
-    from test_api import PyMaxPlus
+    from python_semirings import PyMaxPlus
 
     x, params, loss_fn = MODELS["attention"]()
     semiring = PyMaxPlus()
@@ -233,7 +233,7 @@ def test_in_place_writes_through_pytorchs_engine(semiring):
     # CopySlices / CopyBackwards reached through their interposed applys; with
     # torch.autograd.grad the engine's exec_info is in force (CopySlices must
     # add its inner node to it, as the stock backward does)
-    from test_rules import in_place_writes
+    from helpers import in_place_writes
 
     out, inputs, _ = in_place_writes()
     want = ts.grad(out, inputs, semiring=semiring, retain_graph=True)
@@ -248,9 +248,9 @@ def test_in_place_writes_through_pytorchs_engine(semiring):
 @pytest.mark.parametrize("semiring", ["viterbi", "entropy", "kmax"])
 @pytest.mark.parametrize("case", ["convolutions", "resampling"])
 def test_convolutions_through_pytorchs_engine(case, semiring):
-    import test_rules
+    import helpers
 
-    outs, inputs, _ = getattr(test_rules, case)()
+    outs, inputs, _ = getattr(helpers, case)()
     params = {"k": 2} if semiring == "kmax" else {}
     outs = [o.sum() for o in outs]
     want = ts.grad(outs, inputs, semiring=semiring, retain_graph=True, **params)
