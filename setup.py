@@ -20,23 +20,33 @@ from torch.utils.cpp_extension import CUDA_HOME, BuildExtension, CppExtension, C
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
 GENERATED = os.path.join(ROOT, "build", "generated")
+# pip asks for the metadata first (egg_info / dist_info) and builds afterwards: the
+# metadata needs no generated code, so that run skips the generators (~25 s of CPU).
+COMMANDS = set(sys.argv[1:])
+METADATA_ONLY = bool(COMMANDS & {"egg_info", "dist_info"}) and not COMMANDS & {
+    "build", "build_ext", "bdist_wheel", "install", "develop", "editable_wheel"}
 
-subprocess.check_call([sys.executable, os.path.join(ROOT, "tools", "gen_rule_tables.py"), GENERATED])
+
+def generate(tool: str, *args: str) -> None:
+    """Run tools/<tool> with this interpreter (it reads the installed torch)."""
+    if not METADATA_ONLY:
+        subprocess.check_call([sys.executable, os.path.join(ROOT, "tools", tool), *args])
+
+
+generate("gen_rule_tables.py", GENERATED)
 # Semiring rules rewritten from derivatives.yaml formulas: one generated translation unit.
-subprocess.check_call([sys.executable, os.path.join(ROOT, "tools", "gen_semiring_rules.py"), GENERATED])
+generate("gen_semiring_rules.py", GENERATED)
 # The LD_PRELOAD interposer (Linux): its symbol list comes from the installed libtorch_cpu.so.
 WITH_PRELOAD = sys.platform.startswith("linux")
 if WITH_PRELOAD:
-    subprocess.check_call([sys.executable, os.path.join(ROOT, "tools", "gen_preload_symbols.py"), GENERATED])
+    generate("gen_preload_symbols.py", GENERATED)
 
 # The interface of the upstream patch series (torch/csrc/autograd/semiring.h, created by patch 0001), which
 # csrc/hooks/series_hooks.cpp implements, extracted from the patch; a torch built with the series has its
 # own copy, found first (-idirafter comes after torch's include dirs).
 SERIES_INCLUDE = os.path.join(ROOT, "build", "series", "include")
-subprocess.check_call([sys.executable, os.path.join(ROOT, "tools", "series_files.py"), "new",
-                       glob.glob(os.path.join(ROOT, "patches", "pytorch", "0001-*.patch"))[0],
-                       "torch/csrc/autograd/semiring.h",
-                       os.path.join(SERIES_INCLUDE, "torch", "csrc", "autograd", "semiring.h")])
+generate("series_files.py", "new", glob.glob(os.path.join(ROOT, "patches", "pytorch", "0001-*.patch"))[0],
+         "torch/csrc/autograd/semiring.h", os.path.join(SERIES_INCLUDE, "torch", "csrc", "autograd", "semiring.h"))
 
 with open(os.path.join(ROOT, "csrc", "sources.txt")) as f:
     sources = [line.strip() for line in f if line.strip() and not line.startswith("#")]
