@@ -230,20 +230,27 @@ def test_a_feature_without_its_package_names_the_extra(missing, feature, call, t
 
 
 def _imports_and_requires(source: str):
-    """Per scope (module, function): the optional packages it imports, each with the
-    line, and the (package, extra, line) of its require() calls with literal arguments."""
+    """The optional packages a module imports and its require() calls with literal
+    arguments, each with its line and its enclosing scopes (functions, then the module)."""
     tree = ast.parse(source)
-    scopes = [tree] + [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
-    for scope in scopes:
-        body = [n for stmt in scope.body for n in ast.walk(stmt)]
-        imports = [(alias.name.split(".")[0], n.lineno) for n in body if isinstance(n, ast.Import)
-                   for alias in n.names]
-        imports += [(n.module.split(".")[0], n.lineno) for n in body
-                    if isinstance(n, ast.ImportFrom) and n.module and n.level == 0]
-        requires = [(n.args[0].value.split(".")[0], n.args[1].value, n.lineno) for n in body
-                    if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "require" and len(n.args) == 2
-                    and all(isinstance(a, ast.Constant) for a in n.args)]
-        yield scope, [(m, line) for m, line in imports if m in OPTIONAL], requires
+    imports, requires = [], []
+
+    def visit(node, scopes):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Import):
+                imports.extend((a.name.split(".")[0], child.lineno, scopes) for a in child.names)
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                imports.append((child.module.split(".")[0], child.lineno, scopes))
+            elif (isinstance(child, ast.Call) and getattr(child.func, "id", None) == "require"
+                  and len(child.args) == 2 and all(isinstance(a, ast.Constant) for a in child.args)):
+                requires.append((child.args[0].value.split(".")[0], child.args[1].value, child.lineno, scopes))
+            inner = scopes
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                inner = (child.name,) + scopes
+            visit(child, inner)
+
+    visit(tree, ("<module>",))
+    return [i for i in imports if i[0] in OPTIONAL], requires
 
 
 def test_every_optional_import_goes_through_require():
@@ -251,14 +258,14 @@ def test_every_optional_import_goes_through_require():
     for name in sorted(os.listdir(PACKAGE)):
         if not name.endswith(".py"):
             continue
-        for scope, imports, requires in _imports_and_requires(open(os.path.join(PACKAGE, name)).read()):
-            where = f"{name}:{getattr(scope, 'name', '<module>')}"
-            for module, line in imports:
-                assert any(m == module and l < line for m, _, l in requires), \
-                    f"{where} line {line} imports '{module}' without require('{module}', EXTRA) before it"
-            for module, extra, line in requires:
-                assert OPTIONAL.get(module) == extra, \
-                    f"{where} line {line}: require('{module}', '{extra}'), but pyproject.toml's extra " \
-                    f"'{extra}' does not list {module}"
-                checked += 1
+        imports, requires = _imports_and_requires(open(os.path.join(PACKAGE, name)).read())
+        for module, line, scopes in imports:
+            # a require() of it earlier in the same function, or in a function (or module) around it
+            assert any(m == module and l < line and s == scopes[len(scopes) - len(s):] for m, _, l, s in requires), \
+                f"{name}:{scopes[0]} line {line} imports '{module}' without require('{module}', EXTRA) before it"
+        for module, extra, line, scopes in requires:
+            assert OPTIONAL.get(module) == extra, \
+                f"{name}:{scopes[0]} line {line}: require('{module}', '{extra}'), but pyproject.toml's extra " \
+                f"'{extra}' does not list {module}"
+            checked += 1
     assert checked >= 10
