@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "rule.h"
+#include "summed_within_nodes.h"
 
 namespace torch_semiring {
 
@@ -196,11 +197,13 @@ std::vector<at::Tensor> apply_rule(Node& node, const Semiring& sr, const std::fu
   const auto& next = node.next_edges();
   const size_t edges = next.size();
   if (!any_value(values)) return std::vector<at::Tensor>(edges);
+  std::vector<bool> needed(edges, false);
+  for (size_t j = 0; j < edges; ++j) needed[j] = next[j].is_valid() && wanted(j);
+  if (sums_within_nodes(sr))  // within_node_oplus="sum": the node runs in the semiring's sum twin
+    return apply_summed_within_node(node, sr, std::move(needed), values, create_graph);
   const RuleEntry& entry = rule_for(node, sr);
   at::RecordFunction range(at::RecordScope::USER_SCOPE);
   if (range.isActive()) range.before("ts::" + entry.family + "::" + node.name());
-  std::vector<bool> needed(edges, false);
-  for (size_t j = 0; j < edges; ++j) needed[j] = next[j].is_valid() && wanted(j);
   RuleContext ctx{node, sr, create_graph, std::move(needed)};
   const SplitComponents split(sr.infinite_split_components());
   auto out = split.any() && !entry.moves_values && may_hold_infinite(values, split)
