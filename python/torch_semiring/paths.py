@@ -248,21 +248,21 @@ def top_paths(
     # Entries that rank paths: every entry of a list-valued readout (kmax), else the first (max_prod's M).
     ranked = E if handle.readout_lists_components else 1
     smallest = handle.selects_minimum  # min_plus: the best path is the cheapest
-    keys, tops, no_path = [], [], None
+    keys, tops = [], []
     for i, (value, used) in enumerate(zip(captured, in_graph)):
         if not used or value is None:
             continue
-        if no_path is None:  # the zero's first entry: an element no path reaches
-            no_path = handle.zero([], value)[0].item()
+        no_path = handle.zero([], value)[0]  # the zero's first entry: an element no path reaches (compared on device)
         flat = value.reshape(value.shape[0], -1)
         for entry in range(ranked):
             best = torch.topk(flat[entry], min(k, flat.shape[1]), largest=not smallest)
             keys += [(i, entry)] * best.values.numel()
-            tops.append(torch.stack((best.values.to(torch.float64), best.indices.to(torch.float64)), 1))
+            tops.append(torch.stack((best.values.to(torch.float64), best.indices.to(torch.float64),
+                                     (best.values != no_path).to(torch.float64)), 1))
     candidates = []  # (score, input, flat, entry)
     if tops:
-        for (i, entry), (score, j) in zip(keys, torch.cat(tops).tolist()):
-            if math.isfinite(score) and score != no_path:
+        for (i, entry), (score, j, exists) in zip(keys, torch.cat(tops).tolist()):
+            if math.isfinite(score) and exists:
                 candidates.append((score, i, int(j), entry))
     candidates.sort(key=lambda c: (c[0] if smallest else -c[0], c[1], c[2], c[3]))
     candidates = candidates[:k]
