@@ -58,8 +58,6 @@
 
 #include "kernels/lift_cache.h"
 
-
-
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -473,7 +471,7 @@ TS_TILE_FN bool any_greater(V x, V y) {
   return any;
 }
 
-// Bit l set where lane l of x is > y (NaN: not set), for a 64-byte vector.
+// Bit l set where lane l of x is > y (NaN: not set); up to 16 lanes.
 template <class V>
 TS_TILE_FN uint16_t greater_lanes(V x, V y) {
 #if defined(__x86_64__)
@@ -537,18 +535,6 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
       }
     }
   };
-  // A k block, kSegment steps at a time, in two passes. The filter: for every
-  // step and tile vector, one add and one compare into a bit of `hits` — is
-  // a[0] + b above the E-th score as it was when the segment began? — no
-  // branch and nothing else, so it runs at a max-plus product's pace. The
-  // merges: for the set bits only, in increasing k (update, which checks
-  // again against the list as it is by then: the E-th score only rises, so
-  // the stale threshold lets through a superset). Where update took a data-
-  // dependent branch at every step and vector, mispredicted whenever the
-  // pattern changed, the merges now take one loop per vector and segment.
-  // A merge whose term does not beat the E-th score changes no value, and
-  // the top E of a multiset does not depend on the order it is visited in:
-  // bit-identical to update at every step.
   // A tile's k block, kSegment steps at a time, in two passes, with the
   // lists in the output tile c (L1) and only their E-th scores in registers.
   // Nothing enters a list where the best term of g's list, a[0] + b, does
@@ -635,11 +621,11 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
 
 // Register budget: MR·NV·C accumulators (+ MR·NV argmax vectors) plus the NV
 // B vectors must fit the register file (32 zmm; 16 ymm/xmm).
-// (12×2 / 6×2 tiles for one component; 6 / 3 rows for pairs and argmax; kmax
-// with KP scores down to 1 row.)
+// (12×2 / 6×2 tiles for one component; 6 / 3 rows for pairs and argmax.)
+// kmax keeps only its lists' E-th scores in registers, NV a row, the lists
+// themselves in the output tile (run_tile): 6×2 / 3×2.
 template <class Op, bool ARG>
 constexpr int mr_for(int registers) {
-  // kmax keeps only its lists' E-th scores in registers (NV a row)
   if constexpr (has_segments<Op>::value) return registers == 32 ? 6 : 3;
   const int per_row = 2 * Op::kComponents * (ARG ? 2 : 1);  // NV = 2 vectors per row
   const int free = registers == 32 ? 24 : 12;
