@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import torch_semiring as ts
 from torch_semiring import _C
 from reference import SEMIRING_NAMES, reference_values
+from kernel_helpers import isa  # noqa: F401 (a fixture)
 from test_reference import assert_values_equal
 
 D = torch.float64
@@ -87,6 +88,23 @@ def test_kernel_equals_block_version(semiring, kind, N):
         want = sr.generic_norm_offdiagonal(a, x)
         for c in range(got.shape[0]):
             assert_values_equal(got[c], want[c], semiring, f"{semiring}/{kind}/N={N}/component {c}")
+
+
+@pytest.mark.parametrize("kind", ROW_KINDS)
+def test_kmax_rows_every_instruction_set(kind, isa):
+    # the vectorised top-k merge (one variant per instruction set) against the
+    # block version, with many candidates surviving the bounds (values of one
+    # size: the block-by-block merge) and few (values spread over many nats).
+    # (Not bit for bit across sets: the exp shift's last ulp differs there.)
+    g = torch.Generator().manual_seed(zlib.crc32(f"kmax-isa/{kind}".encode()))
+    x = rows_of(kind, 4, 150, g)
+    for k in (1, 3, 6):
+        sr = _C.make_semiring("kmax", k)
+        for spread in (0.3, 30.0):
+            a = random_value(sr, (4, 150), g, spread)
+            got, want = sr.norm_offdiagonal(a, x), sr.generic_norm_offdiagonal(a, x)
+            for c in range(k):
+                assert_values_equal(got[c], want[c], "kmax", f"kmax/{kind}/k={k}/{isa}/component {c}")
 
 
 @pytest.mark.parametrize("semiring", ["log", "entropy", "viterbi", "kmax"])

@@ -22,6 +22,10 @@
 #include <limits>
 #include <vector>
 
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
 #include "kernels/cpu_gemm.h"  // kernel_isa
 #include "kernels/cpu_vectors.h"  // VecOf, for vector_math.h
 #include "kernels/elementwise.h"  // exp_shifted, log_shifted
@@ -628,6 +632,115 @@ struct EnvelopeRow {
   }
 };
 
+// ---- the top K of a few candidates at every query, vectorised --------------------
+
+// For queries by_query[q0..q1): the K best of α_l·L(1 + x_l t) over candidates
+// l (structure of arrays, padded to whole vectors with α = NaN), skipping the
+// query's own candidates and non-edges (1 + x t = 0), descending into out[s·n + j]
+// (tags[s·n + j]: the candidate's tag; −∞ / −1 where fewer than K). Candidates
+// are taken a vector at a time: their values in lanes, then one compare of the
+// vector with the current K-th best — a chunk with no lane above it (most
+// chunks, once the list fills) is skipped without touching the list; the
+// others are inserted lane by lane in candidate order, so ties keep the
+// earlier candidate as the scalar merge did. Values are the scalar ones
+// (one_plus rounds alike in lanes; a product and an |·| are exact per lane).
+struct TopMergeArgs {
+  const double *alpha, *cx, *cowner;
+  const int32_t* ctag;
+  int64_t S;  // padded count
+  bool abs_lines;
+  int64_t K;
+  const double* x;
+  int64_t n;
+  const int32_t* by_query;
+  int64_t q0, q1;
+  double* out;
+  int32_t* tags;  // optional
+  double* best;   // K scratch entries each
+  int32_t* best_tag;
+};
+constexpr int64_t kMergePad = 8;  // the widest vector of doubles
+
+// Bit l set where lane l of v is above thr (false for NaN): one compare and a
+// mask move. (Written with intrinsics: GCC turns the vector-extension form of
+// comparison-to-bitmask into per-lane extracts here.)
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"))) inline unsigned lanes_above(Vec<double, 64>::type v, double thr) {
+  return _mm512_cmp_pd_mask((__m512d)v, _mm512_set1_pd(thr), _CMP_GT_OQ);
+}
+__attribute__((target("avx2,fma"))) inline unsigned lanes_above(Vec<double, 32>::type v, double thr) {
+  return unsigned(_mm256_movemask_pd(_mm256_cmp_pd((__m256d)v, _mm256_set1_pd(thr), _CMP_GT_OQ)));
+}
+inline unsigned lanes_above(Vec<double, 16>::type v, double thr) {
+  return unsigned(_mm_movemask_pd(_mm_cmpgt_pd((__m128d)v, _mm_set1_pd(thr))));
+}
+#else
+template <class V>
+inline unsigned lanes_above(V v, double thr) {
+  unsigned m = 0;
+  for (int l = 0; l < int(sizeof(V) / sizeof(double)); ++l) m |= unsigned(v[l] > thr) << l;
+  return m;
+}
+#endif
+
+template <class V>
+inline __attribute__((always_inline)) void top_merge_impl(const TopMergeArgs& a) {
+  using IV = typename Vec<int64_t, sizeof(V)>::type;
+  constexpr int L = sizeof(V) / sizeof(double);
+  static_assert(L <= kMergePad, "the pad must cover a vector");
+  const int64_t K = a.K;
+  double* best = a.best;
+  int32_t* best_tag = a.best_tag;
+  for (int64_t q = a.q0; q < a.q1; ++q) {
+    const int64_t j = a.by_query[q];
+    const double t = a.x[j];
+    const V tv = V{} + t;
+    for (int64_t s = 0; s < K; ++s) best[s] = -kInf, best_tag[s] = -1;
+    for (int64_t l0 = 0; l0 < a.S; l0 += L) {
+      V al, xl;
+      std::memcpy(&al, a.alpha + l0, sizeof(V));
+      std::memcpy(&xl, a.cx + l0, sizeof(V));
+      const V y = one_plus(xl, tv);
+      const V v = al * (a.abs_lines ? (V)((IV)y & int64_t(0x7fffffffffffffffLL)) : y);
+      unsigned enter = lanes_above(v, best[K - 1]);
+      if (!enter) continue;  // no lane can enter the list: the common case once it is full
+      double vals[L];
+      std::memcpy(vals, &v, sizeof(V));
+      for (; enter; enter &= enter - 1) {
+        const int l = __builtin_ctz(enter);
+        double value = vals[l];
+        // the bound may have risen within the chunk; own candidates and non-edges never enter
+        if (!(value > best[K - 1]) || int64_t(a.cowner[l0 + l]) == j || one_plus(a.cx[l0 + l], t) == 0) continue;
+        int32_t tag = a.ctag[l0 + l];
+        for (int64_t s = 0; s < K; ++s)  // insertion into the descending list (ties: the earlier stays)
+          if (value > best[s]) std::swap(value, best[s]), std::swap(tag, best_tag[s]);
+      }
+    }
+    for (int64_t s = 0; s < K; ++s) a.out[s * a.n + j] = best[s];
+    if (a.tags)
+      for (int64_t s = 0; s < K; ++s) a.tags[s * a.n + j] = best_tag[s];
+  }
+}
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void top_merge_avx512(
+    const TopMergeArgs& a) {
+  top_merge_impl<Vec<double, 64>::type>(a);
+}
+__attribute__((target("avx2,fma"), flatten)) void top_merge_avx2(const TopMergeArgs& a) {
+  top_merge_impl<Vec<double, 32>::type>(a);
+}
+#endif
+__attribute__((flatten)) void top_merge_portable(const TopMergeArgs& a) { top_merge_impl<Vec<double, 16>::type>(a); }
+using TopMerge = void (*)(const TopMergeArgs&);
+TopMerge pick_top_merge() {
+  const std::string isa = kernel_isa();
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa == "avx512") return &top_merge_avx512;
+  if (isa == "avx2") return &top_merge_avx2;
+#endif
+  return &top_merge_portable;
+}
+
 // ---- pruned candidates, block by block -------------------------------------------
 
 // The K best of v_l(t) = α_l·L(1 + x_l t) over candidates l at every query
@@ -659,8 +772,8 @@ struct TopCandidates {
   static constexpr int64_t kBlock = 32;
   std::vector<Candidate> row, kept;
   std::vector<Bound> lows;
-  std::vector<double> best;
-  std::vector<int32_t> best_tag;
+  std::vector<double> best, c_alpha, c_x, c_owner;
+  std::vector<int32_t> best_tag, c_tag;
 
   static double value(bool abs_lines, double alpha, double y) { return alpha * (abs_lines ? std::abs(y) : y); }
 
@@ -716,25 +829,15 @@ struct TopCandidates {
            int64_t n, const int32_t* by_query, int64_t max_survivors, double* out, int32_t* tags = nullptr) {
     best.resize(K), best_tag.resize(K);
     auto merge = [&](const std::vector<Candidate>& cands, int64_t q0, int64_t q1) {
-      for (int64_t q = q0; q < q1; ++q) {
-        const int64_t j = by_query[q];
-        const double t = x[j];
-        std::fill(best.begin(), best.end(), -kInf);
-        std::fill(best_tag.begin(), best_tag.end(), -1);
-        for (const auto& c : cands) {
-          if (c.owner == j) continue;
-          const double y = one_plus(c.x, t);
-          if (y == 0) continue;
-          double v = value(abs_lines, c.alpha, y);
-          if (!(v > best[K - 1])) continue;
-          int32_t tag = c.tag;
-          for (int64_t s = 0; s < K; ++s)  // insertion into the descending list (ties: the earlier stays)
-            if (v > best[s]) std::swap(v, best[s]), std::swap(tag, best_tag[s]);
-        }
-        for (int64_t s = 0; s < K; ++s) out[s * n + j] = best[s];
-        if (tags)
-          for (int64_t s = 0; s < K; ++s) tags[s * n + j] = best_tag[s];
-      }
+      // Structure of arrays, padded with absent candidates (α = NaN: never above a bound).
+      const int64_t S = int64_t(cands.size()), padded = (S + kMergePad - 1) / kMergePad * kMergePad;
+      c_alpha.assign(padded, std::numeric_limits<double>::quiet_NaN()), c_x.assign(padded, 0.0),
+          c_owner.assign(padded, -1.0), c_tag.resize(padded);
+      for (int64_t l = 0; l < S; ++l)
+        c_alpha[l] = cands[l].alpha, c_x[l] = cands[l].x, c_owner[l] = cands[l].owner, c_tag[l] = cands[l].tag;
+      const TopMerge top_merge = pick_top_merge();  // per call: TORCH_SEMIRING_KERNEL_ISA may change
+      top_merge(TopMergeArgs{c_alpha.data(), c_x.data(), c_owner.data(), c_tag.data(), padded, abs_lines, K, x, n,
+                             by_query, q0, q1, out, tags, best.data(), best_tag.data()});
     };
     // First over the whole range; if many survive, block by block.
     survivors(all, abs_lines, K, per_owner, x[by_query[0]], x[by_query[n - 1]], row);

@@ -36,7 +36,9 @@
 //           spread over orders of magnitude, as in log space) each query takes
 //           the best of them directly.
 //   top-k:  the same bound for the k-th best answer, then each query merges
-//           the surviving candidates: O(N·S·k) for S survivors (O(N²k) worst).
+//           the surviving candidates in vectors of L lanes, a vector that has
+//           no lane above the current k-th best skipped whole: O(N·S/L) steps
+//           plus O(k) per insertion, for S survivors (O(N²k) worst).
 // Log-space inputs are shifted by the row maximum into linear space (float64
 // inside, whatever the input dtype); an output whose surviving mass does not
 // dominate what underflow may have dropped is recomputed exactly in log space
