@@ -139,6 +139,27 @@ def test_float32_rows(semiring):
     torch.testing.assert_close(got[finite], want[finite], rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("kind", ROW_KINDS)
+def test_entropy_float32_rows_every_instruction_set(kind, isa):
+    # the float φ pass (a table log where a vector holds 8 or 16 floats, the
+    # polynomial one elsewhere) against the float64 block version: |1 + x_i x_j|
+    # at and near 0 and 1 (zero weights, sign changes, x = 0), ties, outliers
+    sr = make("entropy")
+    g = torch.Generator().manual_seed(zlib.crc32(f"entropy-isa/{kind}".encode()))
+    x = rows_of(kind, 4, 97, g)
+    if kind == "layer_norm":
+        x = x * torch.tensor([0.01, 1.0, 30.0, 1.0], dtype=D)[:, None]  # 1 + x_i x_j near 1 / spread wide
+    x = x.float().double()  # the float rows, exactly
+    for spread in (0.5, 8.0):
+        a = random_value(sr, (4, 97), g, spread).float().double()
+        got = sr.norm_offdiagonal(a.float(), x.float()).double()
+        want = sr.generic_norm_offdiagonal(a, x)
+        finite = torch.isfinite(want)
+        assert torch.equal(finite, torch.isfinite(got))
+        torch.testing.assert_close(got[finite], want[finite], rtol=2e-4, atol=2e-4,
+                                   msg=lambda m: f"entropy/{kind}/{isa}/spread {spread}: {m}")
+
+
 def test_kernels_decline_what_they_cannot_reproduce():
     # NaN values or x: the generic arithmetic (which propagates them) runs
     for name in KERNEL_SEMIRINGS:
