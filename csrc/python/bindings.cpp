@@ -403,6 +403,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     shadowed_rules().clear();
     set_log_sink(nullptr);
     set_hook_namer(nullptr);
+    set_subclass_gatherer(nullptr);
   });
   // The SIMD kernels' extras that the semiring interface has no place for:
   // argmax provenance for path extraction, and which ISA runs (for tests).
@@ -497,6 +498,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                   ") does not fit a tensor of shape ", t.sizes(), " (", t.scalar_type(), ", ", t.device(), ")");
     }
     for (size_t i = 0; i < tensors.size(); ++i) tensors[i].mutable_grad() = grads[i];
+  });
+  // gather(t) -> plain tensor: DTensor shards a rule meets become whole tensors (rules/rule.h).
+  m.def("set_subclass_gatherer", [](py::object gather) {
+    if (gather.is_none()) return set_subclass_gatherer(nullptr);
+    set_subclass_gatherer([gather](const at::Tensor& t) {
+      py::gil_scoped_acquire gil;
+      try {
+        return gather(t).cast<at::Tensor>();
+      } catch (py::error_already_set& e) {
+        e.restore();
+        python_error err;
+        err.persist();
+        throw err;
+      }
+    });
   });
   m.def("set_log_sink", [](py::object sink) {
     if (sink.is_none()) {
