@@ -202,6 +202,15 @@ void call_from_engine(const py::function& fn, const Args&... args) {
 
 }  // namespace
 
+// Tensor-subclass tensors a rule meets — a node's saved tensors (RuleContext::unpack) and its own backward's
+// results (call_backward) — pass through this hook (rules/registry.cpp): torch_semiring.distributed sets it
+// to gather a DTensor shard into the plain tensor of its global shape (a collective: every rank runs the
+// same rules in the same order), so each rule computes on whole tensors. Unset: values pass unchanged.
+// (Declared here rather than in rule.h, which every rule includes: the only caller is this binding.)
+namespace torch_semiring {
+void set_subclass_gatherer(std::function<at::Tensor(const at::Tensor&)> gather);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_semiring C++ core: semirings, rules and the semiring backward engine";
   register_builtin_rules();

@@ -60,7 +60,8 @@ std::function<at::Tensor(const at::Tensor&)>& subclass_gatherer() {
   static std::function<at::Tensor(const at::Tensor&)> gather;
   return gather;
 }
-// A DTensor (or another Python tensor subclass) → through the gatherer (rule.h); anything else as it is.
+// A DTensor (or another Python tensor subclass) → through the gatherer (set_subclass_gatherer, declared
+// in python/bindings.cpp); anything else as it is.
 at::Tensor gathered(at::Tensor t) {
   const auto& gather = subclass_gatherer();
   if (gather && t.defined() && t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python)) return gather(t);

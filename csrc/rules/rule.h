@@ -105,10 +105,4 @@ std::vector<at::Tensor> diagonal_rule(const RuleContext& ctx, const std::vector<
 std::vector<at::Tensor> declared_diagonal_rule(const RuleContext& ctx, const std::vector<at::Tensor>& grads);
 at::Tensor zero_where_unreached(const Semiring& semiring, const at::Tensor& moved, const at::Tensor& reached);
 
-// Tensor-subclass tensors a rule meets — a node's saved tensors (RuleContext::unpack) and its own backward's
-// results (call_backward) — pass through this hook: torch_semiring.distributed sets it to gather a DTensor
-// shard into the plain tensor of its global shape (a collective: every rank runs the same rules in the same
-// order), so each rule computes on whole tensors. Unset, or for plain tensors, values pass unchanged.
-void set_subclass_gatherer(std::function<at::Tensor(const at::Tensor&)> gather);
-
 }  // namespace torch_semiring

@@ -34,13 +34,26 @@ def read_sentences(path: str, limit: int | None = None) -> list[str]:
     return sentences[:limit] if limit else sentences
 
 
+def check_semiring(semiring: str) -> None:
+    if semiring not in PATH_SEMIRINGS or semiring == "kmax":
+        raise SystemExit(f"torch_semiring: --semiring '{semiring}' has no single best path; use one of "
+                         f"{', '.join(s for s in PATH_SEMIRINGS if s != 'kmax')}")
+
+
 def explain_dataset(model_name: str, sentences: list[str], other: str, semiring: str = "viterbi",
                     progress: bool = True):
     """The component-flow table of every sentence (columns example, text, layer, batch, token, branch,
     value, consumer) on rank 0 (and in a single process); None on the other ranks."""
-    if semiring not in PATH_SEMIRINGS or semiring == "kmax":
-        raise SystemExit(f"torch_semiring: --semiring '{semiring}' has no single best path; use one of "
-                         f"{', '.join(s for s in PATH_SEMIRINGS if s != 'kmax')}")
+    check_semiring(semiring)
+    flow = dataset_flow(sentences, sentence_forward(model_name, other), semiring=semiring, progress=progress)
+    if flow is not None and len(flow):
+        flow.insert(1, "text", [sentences[i] for i in flow["example"]])
+    return flow
+
+
+def sentence_forward(model_name: str, other: str):
+    """forward(sentence) -> (cosine similarity with ``other``, {"layer i": the input of layer i}), the
+    model loaded once (float64, eager attention, module labels for component_flow)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     from transformers import AutoModel, AutoTokenizer
 
@@ -60,10 +73,7 @@ def explain_dataset(model_name: str, sentences: list[str], other: str, semiring:
         score = torch.nn.functional.cosine_similarity(pooled, target, dim=0)
         return score, {f"layer {i}": h for i, h in enumerate(result.hidden_states[:-1])}
 
-    flow = dataset_flow(sentences, forward, semiring=semiring, progress=progress)
-    if flow is not None and len(flow):
-        flow.insert(1, "text", [sentences[i] for i in flow["example"]])
-    return flow
+    return forward
 
 
 def write(flow, out: str) -> None:
