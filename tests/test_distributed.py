@@ -69,9 +69,16 @@ def job(request, tmp_path_factory):
     return world, launch(world, ALL_CASES, str(tmp_path_factory.mktemp(f"ranks{world}")))
 
 
+# Log-space sums (log, entropy, kmax) go through exp-shifted GEMMs whose shifts depend on the operands'
+# blocking: a DTensor layer's gathered weight and the single-process weight round differently (seen: 1e-8
+# relative on a Llama's q_proj weight, log). Everything else agrees to rounding.
+LOG_SPACE_RTOL = 1e-7
+
+
 def assert_same(actual, expected, what: str) -> None:
     assert actual is not None, f"{what}: no value"
-    torch.testing.assert_close(actual, expected, rtol=1e-10, atol=1e-12, equal_nan=True, msg=lambda m: f"{what}: {m}")
+    rtol = LOG_SPACE_RTOL if any(f"/{s}" in what or what.startswith(s) for s in ("log", "entropy", "kmax")) else 1e-10
+    torch.testing.assert_close(actual, expected, rtol=rtol, atol=1e-12, equal_nan=True, msg=lambda m: f"{what}: {m}")
 
 
 def test_oplus_across_ranks(job):
