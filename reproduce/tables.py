@@ -21,14 +21,17 @@ def ftro(path):
     print(f"seed {r.get('seed', 0)}: validation accuracy {r['accuracy']:.4f}, test accuracy {r['test_accuracy']:.4f}, "
           f"{len(r['training'])} epochs, {r['explained_sentences']} explained sentences, "
           f"tokens per group {r['token_counts']}; seconds {({k: round(v, 1) for k, v in r['seconds'].items()})}\n")
-    print("| token | branch | paper | ours, fused | ours, decomposed | ours fused: share of tokens | "
-          "ours decomposed: share | ours fused: best via branch | ours decomposed: best via branch |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    settings = [("fused", r), ("decomposed", {**r["decomposed"], "branch_frequency": r["decomposed_branch_frequency"],
+                                               "branch_best": r["decomposed_branch_best"]})]
+    settings += [(name, r[name]) for name in ("paper_granularity", "paper_semantics", "fused_paper_semantics") if name in r]  # newer runs
+    print("credited value (share of tokens whose top path takes the branch) [best path via the branch]\n")
+    print("| token | branch | paper | " + " | ".join(name.replace("_", " ") for name, _ in settings) + " |")
+    print("|---|---|---|" + "---|" * len(settings))
     for g in GROUPS:
         for b in BRANCHES:
-            print(f"| {g} | {b} | {fmt(r['paper'][g][b])} | {fmt(r[g][b])} | {fmt(r['decomposed'][g][b])} | "
-                  f"{r['branch_frequency'][g][b]:.2f} | {r['decomposed_branch_frequency'][g][b]:.2f} | "
-                  f"{fmt(r['branch_best'][g][b])} | {fmt(r['decomposed_branch_best'][g][b])} |")
+            cells = [f"{fmt(d[g][b])} ({d['branch_frequency'][g][b]:.2f}) [{fmt(d['branch_best'][g][b])}]"
+                     for _, d in settings]
+            print(f"| {g} | {b} | {fmt(r['paper'][g][b])} | " + " | ".join(cells) + " |")
     print()
 
 

@@ -39,6 +39,17 @@ def test_first_token_repeated_once_smoke(tmp_path):
     for best in (result["branch_best"], result["decomposed_branch_best"]):
         for group in ("first", "repeated", "other"):
             assert all(math.isfinite(v) and v >= 0.0 for v in best[group].values())
+    # the paper's granularity and semantics carry the top level's fields; under the paper's semantics the
+    # readout at the attention input (max between its consumers) is the winning branch's value
+    for setting in ("paper_granularity", "paper_semantics"):
+        r = result[setting]
+        assert r["token_counts"] == result["token_counts"]
+        for group in ("first", "repeated", "other"):
+            assert all(math.isfinite(v) and v >= 0.0 for v in r[group].values())
+            assert sum(r["branch_frequency"][group].values()) == pytest.approx(1.0 if r["token_counts"][group]
+                                                                               else 0.0)
+        assert r["winner_vs_branch_best_max_abs_difference"] <= 1e-12
+    assert result["paper_semantics"]["options"] == {"within_node_oplus": "sum"}
     assert (tmp_path / "first_token_repeated_once.png").stat().st_size > 0
 
 

@@ -25,6 +25,7 @@
 #include "../kernels/lift_cache.h"
 #include "../rules/attention.h"
 #include "../rules/rule.h"
+#include "../rules/summed_within_nodes.h"
 #include "../semiring/semiring.h"
 
 namespace py = pybind11;
@@ -260,6 +261,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("make_provenance", [](const std::string& base, int64_t k) {
     return std::const_pointer_cast<Semiring>(make_provenance(base, k));
   }, py::arg("base"), py::arg("k") = 1);
+  m.def("summed_within_nodes", [](std::shared_ptr<Semiring> base) {
+    return std::const_pointer_cast<Semiring>(summed_within_nodes(std::move(base)));
+  }, py::arg("base"), "base with ⊕ = + inside nodes (within_node_oplus='sum'; base itself where that changes nothing)");
   m.def("make_product", [](std::vector<std::shared_ptr<Semiring>> parts) {
     std::vector<SemiringPtr> p(parts.begin(), parts.end());
     return std::const_pointer_cast<Semiring>(make_product(std::move(p)));

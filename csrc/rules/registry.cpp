@@ -9,6 +9,7 @@
 #include <unordered_map>
 
 #include "rule.h"
+#include "summed_within_nodes.h"
 
 namespace torch_semiring {
 
@@ -208,6 +209,8 @@ std::vector<at::Tensor> rule_with_infinite_values(const RuleEntry& entry, const 
 
 std::vector<at::Tensor> apply_rule(Node& node, const Semiring& sr, std::vector<bool> needed,
                                    const std::vector<at::Tensor>& values, bool create_graph) {
+  if (sums_within_nodes(sr))  // within_node_oplus="sum": the node runs in the semiring's sum twin
+    return apply_summed_within_node(node, sr, std::move(needed), values, create_graph);
   const RuleEntry& entry = rule_for(node, sr);
   at::RecordFunction range(at::RecordScope::USER_SCOPE);
   if (range.isActive()) range.before("ts::" + entry.family + "::" + node.name());

@@ -15,6 +15,27 @@ import os as _os
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
+__version__ = "0.1.0"
+
+
+def _check_torch(built_with: str, running: str) -> None:
+    """Refuse a torch other than the one the extension was compiled against: its
+    C++ API and the rule tables generated from its derivatives.yaml change between
+    releases, so the mismatch would surface as an undefined symbol or wrong rules."""
+    if built_with.split("+")[0] != running.split("+")[0]:
+        raise ImportError(
+            f"torch_semiring {__version__} was built against torch {built_with}, but torch {running} is "
+            f"imported ({torch.__file__}). Rebuild it against this torch: `pip install --force-reinstall "
+            f"--no-deps --no-cache-dir <torch-semiring source>` (in a checkout: `make build`), or install "
+            f"the torch it was built for: `pip install torch=={built_with.split('+')[0]}`.")
+
+
+try:
+    from ._build_info import TORCH_VERSION as _BUILT_WITH
+except ImportError:  # an in-place build made by a setup.py older than _build_info.py: nothing to check
+    _BUILT_WITH = str(torch.__version__)
+_check_torch(_BUILT_WITH, str(torch.__version__))
+
 from . import _C, preload
 from . import distributed as _distributed
 from .decompose import decomposed

@@ -1,4 +1,4 @@
-"""Primitive granularity: run fused ops through their decompositions.
+"""Granularity: run fused ops through their decompositions.
 
 The gradient graph is whatever autograd recorded. A fused node (softmax,
 layer_norm, scaled_dot_product_attention, gelu, rms_norm) is ONE node with a
@@ -6,8 +6,18 @@ dense local Jacobian: a path crosses it in one step, weighted by the true
 derivative. Inside ``ts.decomposed()`` (or ``ts.semiring(..., decompose=True)``)
 the forward pass instead runs these ops as primitives (exp, sum, div, mean,
 matmul …), so the graph — and every semiring result other than ``real`` —
-is the one of the decomposed program. This is the granularity of Du et al.'s
-implementation (softmax with its max-subtraction, layer norm by its moments).
+is the one of the decomposed program:
+
+- ``"primitives"`` (the default): softmax / log_softmax with their
+  max-subtraction, layer norm centred (x − E[x], then the mean of its square),
+  GELU through erf (or tanh), RMS norm, attention as matmul + softmax.
+- ``"paper"``: the granularity of Du et al.'s implementation (brunoflow),
+  op for op: softmax, log_softmax and attention as above, layer norm with the
+  variance as E[x²] − E[x]² (``x**2`` and ``mean**2`` one node each), GELU
+  kept as one pointwise node.
+
+Neither is the paper's max semantics (+ inside nodes): that is
+``within_node_oplus="sum"`` (semirings.py).
 """
 from __future__ import annotations
 
@@ -43,6 +53,19 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return y
 
 
+def layer_norm_by_moments(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """Layer norm as the paper's implementation writes it: Var[x] = E[x²] − E[x]²."""
+    dims = tuple(range(-len(normalized_shape), 0))
+    mean = x.mean(dims, keepdim=True)
+    var = (x ** 2).mean(dims, keepdim=True) - mean ** 2
+    y = (x - mean) / torch.sqrt(var + eps)
+    if weight is not None:
+        y = weight * y
+    if bias is not None:
+        y = y + bias
+    return y
+
+
 def rms_norm(x, normalized_shape, weight=None, eps=None):
     dims = tuple(range(-len(normalized_shape), 0))
     eps = torch.finfo(x.dtype).eps if eps is None else eps
@@ -73,20 +96,33 @@ def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_caus
     return p @ v
 
 
-_DECOMPOSITIONS = {
+_PRIMITIVES = {
     F.softmax: softmax, torch.softmax: softmax, torch.Tensor.softmax: softmax,
     F.log_softmax: log_softmax, torch.log_softmax: log_softmax, torch.Tensor.log_softmax: log_softmax,
     F.layer_norm: layer_norm, F.rms_norm: rms_norm, F.gelu: gelu,
     F.scaled_dot_product_attention: scaled_dot_product_attention,
 }
+_GRANULARITIES = {
+    "primitives": _PRIMITIVES,
+    "paper": {**{f: impl for f, impl in _PRIMITIVES.items() if f is not F.gelu}, F.layer_norm: layer_norm_by_moments},
+}
 
 
 class decomposed(TorchFunctionMode):
-    """Context manager: forward passes inside it record primitive-level graphs."""
+    """Context manager: forward passes inside it record the graph of ``granularity``
+    (``"primitives"`` or ``"paper"``, see the module docstring)."""
+
+    def __init__(self, granularity: str = "primitives"):
+        super().__init__()
+        if granularity not in _GRANULARITIES:
+            raise ValueError(f"torch_semiring: decomposed() takes a granularity in {sorted(_GRANULARITIES)}, "
+                             f"got {granularity!r}")
+        self.granularity = granularity
+        self._table = _GRANULARITIES[granularity]
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        impl = _DECOMPOSITIONS.get(func)
+        impl = self._table.get(func)
         if impl is not None:
             return impl(*args, **kwargs)
         return func(*args, **kwargs)

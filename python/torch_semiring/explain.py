@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from . import paths as paths_mod
+from ._extras import require
 from .engine import grad
 from .render import heatmap, render_paths
 
@@ -99,8 +100,12 @@ def explain(model_name="minilm", text="the cat sat on the mat", other="a kitten 
     if not writable:
         raise SystemExit(f"torch_semiring: --out '{out}' is not a writable folder ({why})")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tqdm = require("tqdm", "viz").tqdm
+    pd = require("pandas", "viz")
+    for drawing in ("matplotlib", "graphviz"):  # used at the end: fail before the work, not after
+        require(drawing, "viz")
+    require("transformers", "hf")
     from transformers import AutoConfig, AutoModel, AutoTokenizer
-    from tqdm import tqdm
 
     start = time.perf_counter()
     path = model_path(model_name)
@@ -142,8 +147,6 @@ def explain(model_name="minilm", text="the cat sat on the mat", other="a kitten 
     entropies = grad(score, list(hidden[:-1]), semiring="entropy")
     rows = [{"layer": f"layer {i}", "token": t, "entropy": float(e[0, t].nanmean())}
             for i, e in enumerate(entropies) for t in range(n_tokens)]
-    import pandas as pd
-
     entropy = pd.DataFrame(rows)
     bar.update()
     bar.close()
@@ -175,7 +178,7 @@ def explain(model_name="minilm", text="the cat sat on the mat", other="a kitten 
 
 
 def print_explanation(e: Explanation, semiring: str) -> None:
-    import pandas as pd
+    pd = require("pandas", "viz")
 
     with pd.option_context("display.width", 200, "display.max_colwidth", 120):
         print(f"tokens: {' '.join(e.tokens)}\n")

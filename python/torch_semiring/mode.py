@@ -38,11 +38,11 @@ def set_semiring(spec: Any = None, **params) -> None:
 
 
 @contextlib.contextmanager
-def semiring(spec: Any, *, decompose: bool = False, **params) -> Iterator[Resolved]:
+def semiring(spec: Any, *, decompose: bool | str = False, **params) -> Iterator[Resolved]:
     """Run ``.backward()`` / ``torch.autograd.grad`` in a semiring on this thread.
 
-    ``decompose=True`` also runs forward passes inside the block at primitive
-    granularity (see :mod:`torch_semiring.decompose`). The previous mode is
+    ``decompose=True`` (or a granularity name, ``"paper"``) also runs forward passes
+    inside the block decomposed (see :mod:`torch_semiring.decompose`). The previous mode is
     restored on exit, exceptions included.
     """
     previous = get_semiring()
@@ -52,7 +52,7 @@ def semiring(spec: Any, *, decompose: bool = False, **params) -> Iterator[Resolv
         if decompose:
             from .decompose import decomposed
 
-            with decomposed():
+            with decomposed(decompose if isinstance(decompose, str) else "primitives"):
                 yield resolved
         else:
             yield resolved

@@ -17,6 +17,7 @@ from typing import Any, Optional, Sequence
 import torch
 
 from . import _C
+from ._extras import require
 from .engine import _as_tuple, _edge_of, _roots_and_seeds
 from .semirings import Part, Resolved
 
@@ -53,12 +54,12 @@ class Path:
         return json.dumps(self.to_dict(), **kwargs)
 
     def to_dataframe(self):
-        import pandas as pd
+        pd = require("pandas", "viz")
 
         return pd.DataFrame([asdict(s) for s in self.steps])
 
     def to_networkx(self):
-        import networkx as nx
+        nx = require("networkx", "viz")
 
         graph = nx.DiGraph(semiring=self.semiring, value=self.value, rank=self.rank)
         for i, s in enumerate(self.steps):
@@ -381,7 +382,7 @@ def component_flow(
     (query / key / value / mlp …, ``skip`` for the residual stream). Returns a
     pandas DataFrame with columns layer, token, branch, value, consumer.
     """
-    import pandas as pd
+    pd = require("pandas", "viz")
 
     branches = DEFAULT_BRANCHES if branches is None else branches
     labels = list(tensors)
@@ -426,8 +427,8 @@ def dataset_flow(examples, forward, semiring: str = "viterbi", branches: Optiona
     the whole DataFrame, the same as a serial run; other ranks get None
     (distributed.shard / gather_to_rank0).
     """
-    import pandas as pd
-    from tqdm import tqdm
+    pd = require("pandas", "viz")
+    tqdm = require("tqdm", "viz").tqdm
 
     from . import distributed
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ._extras import require
 from .paths import Path
 
 
@@ -16,7 +17,7 @@ def _stage(step) -> str:
 def paths_graph(paths: Sequence[Path]):
     """graphviz.Digraph of the paths through the module graph: consecutive steps
     inside one module collapse into one box; edges carry the path rank."""
-    import graphviz
+    graphviz = require("graphviz", "viz")
 
     dot = graphviz.Digraph("top_paths", graph_attr={"rankdir": "TB", "fontsize": "10", "ranksep": "0.25"},
                            node_attr={"shape": "box", "fontsize": "9", "fontname": "Helvetica"})
@@ -50,7 +51,7 @@ def render_paths(paths: Sequence[Path], out_stem: str, formats=("svg", "png")) -
 def heatmap(frame, value: str, out_file: str, title: str, annotate: str | None = None,
             tokens: Sequence[str] | None = None) -> str:
     """Token × layer heatmap of column `value` of a DataFrame with columns layer, token."""
-    import matplotlib
+    matplotlib = require("matplotlib", "viz")
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

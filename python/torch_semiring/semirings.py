@@ -64,7 +64,20 @@ def _resolve_one(spec: Any, params: dict) -> Part:
     )
 
 
-def resolve(spec: Any, **params) -> Resolved:
+def resolve(spec: Any, *, within_node_oplus: str | None = None, **params) -> Resolved:
+    """``within_node_oplus="sum"``: the paper's max semantics, a compatibility mode (not a semiring) — ⊕ = max
+    between a tensor's consumers but + inside each node (matmul contractions, broadcast reductions); see
+    csrc/rules/summed_within_nodes.cpp. Changes nothing for semirings whose ⊕ is a sum."""
+    if within_node_oplus is not None:
+        if within_node_oplus != "sum":
+            raise ValueError(f"torch_semiring: within_node_oplus is 'sum' (the paper's max semantics) or None "
+                             f"(the semiring's own ⊕ everywhere), got {within_node_oplus!r}")
+        base = resolve(spec, **params)
+        handle = _C.summed_within_nodes(base.handle)  # refuses kmax, products, Python semirings
+        if handle.name == base.handle.name:
+            return base
+        part = base.parts[0]
+        return Resolved(handle, (Part(handle.name, part.key + ("within_node_oplus", "sum"), handle),))
     if isinstance(spec, Resolved):
         return spec
     if isinstance(spec, (tuple, list)):

@@ -216,6 +216,28 @@ def test_readme_example_runs_on_pytorchs_engine():
 
 
 @interposer_only
+def test_within_node_oplus_sum_through_pytorchs_engine():
+    # the paper's max semantics: the node's rule runs in the sum twin and already reduces the broadcast, so
+    # the engine's reduce_grad hook has nothing left to reduce; max stays between consumers (InputBuffer::add)
+    A = torch.tensor([[1.0, 2.0]], dtype=torch.float64, requires_grad=True)
+    B = torch.tensor([[3.0, 4.0], [5.0, -6.0]], dtype=torch.float64, requires_grad=True)
+    with torch.autograd.semiring("max_prod", within_node_oplus="sum"):
+        (A @ B).sum().backward()
+    assert A.grad.tolist() == [[7.0, -1.0]] and B.grad.tolist() == [[1.0, 1.0], [2.0, 2.0]]
+    b = torch.tensor([1.0, -3.0], dtype=torch.float64, requires_grad=True)
+    w = torch.tensor([[2.0], [0.5], [4.0]], dtype=torch.float64)
+    with torch.autograd.semiring("max_abs", within_node_oplus="sum"):
+        ((w * b).sum()).backward()
+    assert b.grad.tolist() == [6.5, 6.5]  # |2| + |0.5| + |4|, where the element-level max_abs gives 4
+    for semiring in ["max_prod", "max_abs", "viterbi"]:
+        x, params, loss_fn = MODELS["attention"]()
+        want = ts.grad(loss_fn(), [x] + params, semiring=semiring, within_node_oplus="sum")
+        got = stock_backward([x] + params, loss_fn, semiring, within_node_oplus="sum")
+        for i, (g, v) in enumerate(zip(got, want)):
+            close(g, v, f"attention/{semiring} within_node_oplus='sum' leaf {i}")
+
+
+@interposer_only
 def test_python_semiring_through_pytorchs_engine():
     # the engine runs without the GIL; the Python semiring's calls take it
     from test_api import PyMaxPlus
