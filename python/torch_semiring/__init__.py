@@ -37,6 +37,7 @@ except ImportError:  # an in-place build made by a setup.py older than _build_in
 _check_torch(_BUILT_WITH, str(torch.__version__))
 
 from . import _C, preload
+from . import distributed as _distributed
 from .decompose import decomposed
 from .engine import backward, grad
 from .mode import get_semiring, semiring, set_semiring
@@ -99,6 +100,7 @@ if _os.environ.get("TORCH_SEMIRING_LOGS", "") not in ("", "0"):
     set_logging(True)
 
 _install()
+_distributed.register()  # rules of collectives and DTensor nodes (distributed.py)
 preload.loaded()  # installs the stock-engine hooks when started with LD_PRELOAD (torch_semiring.preload)
 # Rules and log sinks may hold Python callables; drop them while Python lives.
 _atexit.register(_C.release_python_objects)

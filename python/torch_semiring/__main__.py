@@ -85,6 +85,10 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--k", type=int, default=5)
     ex.add_argument("--out", default="explain_out")
     ex.add_argument("--device", default="cpu", help="where the model runs: cpu or cuda (cuda: not yet run on a GPU)")
+    from .explain_dataset import add_arguments as dataset_arguments
+
+    dataset_arguments(sub.add_parser("explain-dataset", help="component flow over a file of sentences; "
+                                     "shards them over the ranks when run under torchrun"))
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo()
@@ -99,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             print(error.code, file=sys.stderr)
             raise SystemExit(2) from None
         print_explanation(result, args.semiring)
+    elif args.command == "explain-dataset":
+        from .explain_dataset import run
+
+        return run(args)
     return 0
 
 

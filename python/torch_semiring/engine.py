@@ -11,6 +11,7 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _C
+from .distributed import whole_readout
 from .rules import declare_known_functions
 from .semirings import Part, Resolved, resolve
 
@@ -222,7 +223,7 @@ def grad(
             if value is None:  # reached only through zero weights: the semiring zero
                 value = walked.handle.zero(list(_shape_of(x)), _like_of(x))
             for part, out, v in zip(walked.parts, per_part, walked.split(value)):
-                out.append(v if raw else part.handle.readout(v))
+                out.append(v if raw else whole_readout(x, part.handle.readout(v)))
         walked_results = iter(tuple(r) for r in per_part)
         for j, part in enumerate(sr.parts):
             if not _is_stock(part):
@@ -295,7 +296,7 @@ def write_grads(part: Part, updates, create_graph: bool, run_hooks: bool = True)
         readout = part.handle.readout(raw)
         if not create_graph:
             readout = readout.detach()
-        staged.append((t, raw, readout.to(t.dtype)))
+        staged.append((t, raw, whole_readout(t, readout.to(t.dtype))))
     for _, raw, readout in staged:
         _accumulated[readout] = (part.key, raw.detach() if not create_graph else raw, readout._version)
     _C.assign_grads([t for t, _, _ in staged], [readout for _, _, readout in staged])

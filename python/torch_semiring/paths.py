@@ -421,14 +421,27 @@ def dataset_flow(examples, forward, semiring: str = "viterbi", branches: Optiona
     ``forward(example)`` runs the model on one example and returns
     ``(output, {label: tensor})`` (run the model inside :func:`track_modules`).
     Returns one DataFrame with an ``example`` column added.
+
+    Under ``torchrun`` (an initialised process group of several ranks) each rank
+    takes every world-size-th example, rank 0 shows the progress bar and gets
+    the whole DataFrame, the same as a serial run; other ranks get None
+    (distributed.shard / gather_to_rank0).
     """
     pd = require("pandas", "viz")
     tqdm = require("tqdm", "viz").tqdm
 
+    from . import distributed
+
+    mine = distributed.shard(examples)
     frames = []
-    for i, example in enumerate(tqdm(examples, desc="component flow", disable=not progress)):
+    for i, example in tqdm(mine, desc="component flow", disable=not progress or distributed.rank() != 0):
         output, tensors = forward(example)
         frame = component_flow(output, tensors, semiring=semiring, branches=branches)
         frame.insert(0, "example", i)
         frames.append(frame)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    frames = distributed.gather_to_rank0(frames)
+    if frames is None:
+        return None
+    if not frames:
+        return pd.DataFrame()
+    return pd.concat(frames, ignore_index=True).sort_values("example", kind="stable", ignore_index=True)
