@@ -66,9 +66,11 @@ class SemiringSaliency(_captum_attr.GradientAttribution):
 
     @property
     def multiplies_by_inputs(self) -> bool:
+        """False: the values are path statistics of the inputs, not multiplied by them (Captum's flag)."""
         return False
 
     def has_convergence_delta(self) -> bool:
+        """False: there is no completeness property to check (Captum's flag)."""
         return False
 
     def attribute(self, inputs, target=None, additional_forward_args=None):
@@ -89,7 +91,7 @@ class SemiringSaliency(_captum_attr.GradientAttribution):
         """
         is_tuple = _format._is_tuple(inputs)
         inputs = _format._format_tensor_into_tuples(inputs)
-        mask = _gradient.apply_gradient_requirements(inputs)
+        mask = _gradient.apply_gradient_requirements(inputs, warn=False)  # setting them is the point
         try:
             with _semiring_mode(self.semiring):
                 values = self.gradient_func(self.forward_func, inputs, target, additional_forward_args)

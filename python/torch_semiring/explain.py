@@ -51,10 +51,11 @@ def _mean_pool(hidden, mask):
 
 
 def _route(path) -> str:
-    """The components a path passes through besides the residual stream and its norms."""
-    plumbing = ("LayerNorm", "layernorm", "norm", "attn.output", ".output", "emb", "embed_tokens")
+    """The components a path passes through besides the residual stream (a decoder layer's own adds), its
+    norms and output projections."""
+    plumbing = ("LayerNorm", "layernorm", "norm", "attn.output", ".output", "o_proj", "emb")
     parts = [m for m in dict.fromkeys(short_module_name(s.module) for s in path.steps if s.module)
-             if not m.endswith(plumbing) and m not in ("emb", "model", "lm_head")]
+             if not m.endswith(plumbing) and m not in ("model", "lm_head") and not m[1:].isdigit()]
     return ", ".join(parts) if parts else "the residual stream only (skip connections of every layer)"
 
 
@@ -111,7 +112,15 @@ def is_decoder(config, gguf_file=None) -> bool:
 
 @dataclass
 class Explanation:
-    """What :func:`explain` computed and wrote: tokens, paths, flow and entropy tables, files."""
+    """What :func:`explain` computed and wrote.
+
+    Fields: ``tokens`` (the input tokens, where paths start), ``paths`` (the top
+    :class:`torch_semiring.Path` list), ``flow`` (:func:`torch_semiring.component_flow`'s
+    DataFrame), ``entropy`` (a DataFrame: layer, token, mean path entropy in nats), ``files``
+    (name → written file), ``seconds`` (wall time), ``readout`` (what the explained scalar is:
+    "cosine similarity" or "log p('…' | text)"), ``score`` (its value), ``details`` (the text
+    and the other sentence or the target).
+    """
 
     tokens: list
     paths: list

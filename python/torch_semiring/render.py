@@ -16,8 +16,15 @@ _SHORT = (("encoder.layer.", "L"), ("model.layers.", "L"), (".attention", ".attn
 
 
 def short_module_name(module: str) -> str:
-    """``encoder.layer.3.attention.self.query`` → ``L3.attn.self.query``; ``model.layers.3.self_attn.q_proj`` →
-    ``L3.attn.q_proj``."""
+    """A short label for a ``module`` name of a Hugging Face model, for tables and drawings.
+
+    Example:
+        >>> from torch_semiring.render import short_module_name
+        >>> short_module_name("encoder.layer.3.attention.self.query")
+        'L3.attn.self.query'
+        >>> short_module_name("model.layers.3.self_attn.q_proj")
+        'L3.attn.q_proj'
+    """
     for long, short in _SHORT:
         module = module.replace(long, short)
     return module
