@@ -31,7 +31,7 @@ def _log_p(folder, ids, target_ids):
     """log p(target | ids) by the model, independently of explain: Σ_j log_softmax(logits)[target_j]."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(folder).double().eval()
+    model = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").double().eval()
     full = torch.tensor([ids + target_ids[:-1]])
     with torch.no_grad():
         logits = model(input_ids=full).logits[0, len(ids) - 1:]

@@ -195,7 +195,9 @@ def explain(model_name="minilm", text=None, other=None, semiring="viterbi", k=5,
     if gguf_file:
         require("gguf", "hf")  # transformers reads GGUF weights with it
         require("accelerate", "hf")
-    config = transformers.AutoConfig.from_pretrained(path, **load)
+    # A GGUF file is parsed whole for its config, as long as for the weights: its models are decoders, and
+    # its config comes with the model.
+    config = None if gguf_file else transformers.AutoConfig.from_pretrained(path)
     decoder = is_decoder(config, gguf_file)
     kind = "decoder" if decoder else "encoder"
     if decoder and other is not None:
@@ -207,17 +209,23 @@ def explain(model_name="minilm", text=None, other=None, semiring="viterbi", k=5,
     text = DEFAULT_TEXT[kind] if text is None else text
     other = DEFAULT_OTHER if other is None and not decoder else other
     tokenizer = transformers.AutoTokenizer.from_pretrained(path, **load)
-    limit = config.max_position_embeddings  # checked before the weights load
-    for which, sentence in (("--text", text), ("--other", other), ("--target", target)):
-        n = 0 if sentence is None else len(tokenizer(sentence)["input_ids"])
-        if n > limit:
-            raise SystemExit(f"torch_semiring: {which} has {n} tokens, more than the model's maximum of {limit}; "
-                             "shorten it")
     if target is not None and not tokenizer(target, add_special_tokens=False)["input_ids"]:
         raise SystemExit("torch_semiring: --target is empty after tokenization; give the continuation to explain")
+
+    def check_lengths(limit):
+        for which, sentence in (("--text", text), ("--other", other), ("--target", target)):
+            n = 0 if sentence is None else len(tokenizer(sentence)["input_ids"])
+            if n > limit:
+                raise SystemExit(f"torch_semiring: {which} has {n} tokens, more than the model's maximum of "
+                                 f"{limit}; shorten it")
+
+    if config is not None:
+        check_lengths(config.max_position_embeddings)  # before the weights load
     auto = transformers.AutoModelForCausalLM if decoder else transformers.AutoModel
     # float64: exact ids and ties; eager attention: the attention probabilities are tensors on the paths.
     model = auto.from_pretrained(path, attn_implementation="eager", **load).double().eval().to(device)
+    if config is None:
+        check_lengths(model.config.max_position_embeddings)
     model.requires_grad_(False)  # paths start at the token embeddings only
     if decoder:
         forward, batch, details, readout = _decoder_readout(model, tokenizer, text, target, device)
