@@ -38,13 +38,26 @@ def _tensor(shape, gen, ties):
     return torch.randn(shape, generator=gen, dtype=D)
 
 
+def _untied_keys(shape, gen):
+    """Keys near few values (near-tied scores) but with no exact ties or cancellations.
+
+    With exactly tied small-integer keys, ∂out/∂q[e] can be exactly 0 in real arithmetic by
+    cancellation (keys sharing coordinate e, or a zero covariance of a key and a value
+    coordinate over the keys); the stock backward (the reference) and the rule sum in different
+    orders and each gets 0 or its own ±1e-17 — an edge count/log/entropy/kmax then see or not.
+    A tiny generic offset keeps the comparisons well posed; tied keys have their own test with a
+    hand-derived answer (test_tied_key_coordinate_has_no_q_edge). Queries and values keep exact
+    ties and zeros (a value column equal to the output gives W = 0 exactly in both)."""
+    return _tensor(shape, gen, True) + 1e-2 * torch.randn(shape, generator=gen, dtype=D)
+
+
 def attention_case(batch, kv_heads, group, T, S, E, *, mask="none", scale=None, ties=False, seed=0,
                    tiny_weights=False, zero_value_column=False, weight_scale=1.0, dtype=D):
     """SDPA outputs (each element weighted, some weights 0) and the inputs q, k, v."""
     gen = torch.Generator().manual_seed(seed)
     H = kv_heads * group
     q = _tensor((batch, H, T, E), gen, ties)
-    k = _tensor((batch, kv_heads, S, E), gen, ties)
+    k = _untied_keys((batch, kv_heads, S, E), gen) if ties else _tensor((batch, kv_heads, S, E), gen, ties)
     v = _tensor((batch, kv_heads, S, E), gen, ties)
     if zero_value_column:  # Δ = v − out = 0 in that column: no edges through it
         v[..., 0] = 0.0
@@ -250,6 +263,35 @@ def test_paths_through_the_node_match_brute_force(case, semiring, block, monkeyp
         if semiring in ("viterbi", "max_abs") and paths:
             (value,) = ts.grad(total, x, semiring=semiring, retain_graph=True)
             assert paths[0].value == float(value.max())  # the same loops: the same number
+
+
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+def test_tied_key_coordinate_has_no_q_edge(semiring):
+    # Every key has k[s, 1] = 0.5: ∂out/∂q[..., 1] = scale·Σ_s P_s (v_s − out)·0.5 = 0 exactly
+    # (Σ_s P_s (v_s − out) = 0), so q[..., 1] has no edge: the semiring's zero, whatever the
+    # rounding of that sum. The other coordinates match the reference.
+    gen = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 2, 3, 3, generator=gen, dtype=D).requires_grad_()
+    k = torch.randn(1, 2, 4, 3, generator=gen, dtype=D)
+    k[..., 1] = 0.5
+    k.requires_grad_()
+    v = torch.randn(1, 2, 4, 3, generator=gen, dtype=D).requires_grad_()
+    out = F.scaled_dot_product_attention(q, k, v)
+    outputs = [out.reshape(-1) * torch.randn(out.numel(), generator=gen, dtype=D)]
+    params = {"k": 3} if semiring == "kmax" else {}
+    (got,) = ts.grad(outputs, [q], semiring=semiring, retain_graph=True, **params)
+    zero = ts.grad([outputs[0] * 0.0], [q], semiring=semiring, retain_graph=True, **params)[0]
+    tied = got[..., 1] if semiring != "kmax" else got[..., 1, :]
+    if semiring == "real":
+        assert tied.abs().max() < 1e-15  # the stock backward: zero up to its rounding
+    else:
+        no_path = zero[..., 1] if semiring != "kmax" else zero[..., 1, :]  # entropy: NaN (no paths)
+        torch.testing.assert_close(tied, no_path, rtol=0, atol=0, equal_nan=True)
+    (expected,) = reference_values(outputs, [q], semiring, k=3)
+    keep = [0, 2]
+    assert_values_equal(got[..., keep, :] if semiring == "kmax" else got[..., keep],
+                        expected[..., keep, :] if semiring == "kmax" else expected[..., keep],
+                        semiring, f"{semiring}/q untied")
 
 
 @pytest.mark.parametrize("mask", ["none", "causal", "bool_row_masked"])

@@ -21,7 +21,11 @@
 // J is formed as W (T·D × S) times K, one ordinary GEMM per block of query
 // rows — not as Σ_s P v k − out·(P k): that factorisation turns exact zeros of
 // the stock derivative (tied values: v[s,d] = out[t,d]) into rounding noise,
-// i.e. edges that do not exist. Grouped-query heads: every key/value head
+// i.e. edges that do not exist. For the same reason K enters with its first
+// key subtracted (K − 1·k_0ᵀ): Σ_s W[t,d,s] = out − out·Σ_s P = 0, so J is
+// unchanged mathematically, and a key coordinate e that every key shares
+// (k[s,e] = k[0,e]: a derivative that is exactly 0) gives J[·,e] = 0 exactly
+// instead of the GEMM's rounding of c·Σ_s W (which made count/log see an edge). Grouped-query heads: every key/value head
 // serves `group` query heads; their query rows are stacked along the
 // contraction of the k and v products, so those ⊕ over the group for free.
 //
@@ -285,7 +289,9 @@ std::vector<Tensor> sdpa_rule(const RuleContext& ctx, const std::vector<Tensor>&
       part(v_value, 1).copy_(sr.matmul(gc.transpose(-1, -2), P).transpose(-1, -2).squeeze(2));
     if (!ctx.needs(0) && !ctx.needs(1)) continue;
 
-    ValueBlockOperands x{gc, part(vh), part(outr), P, (part(kh) * scale).to(vtype), T, saved.causal};
+    // The q edge's J = W K uses the keys minus the first key (see the header: Σ_s W = 0).
+    auto k_centred = part(kh) - part(kh).narrow(-2, 0, 1);
+    ValueBlockOperands x{gc, part(vh), part(outr), P, (k_centred * scale).to(vtype), T, saved.causal};
     Tensor X, Q;
     if (!kernels::attention_value_blocks(sr, x.g, x.v, x.out, x.P, x.k, T, x.causal, ctx.needs(1), ctx.needs(0),
                                          block_elements(), X, Q))
