@@ -60,6 +60,9 @@ def set_logging(enabled: bool = True) -> None:
     """Log every node the engine executes (logger 'torch_semiring', DEBUG level).
 
     Also enabled by the environment variable TORCH_SEMIRING_LOGS=1.
+
+    Args:
+        enabled: True to log, False to stop.
     """
     if enabled:
         if not _log.handlers:
@@ -84,15 +87,23 @@ def clear_lift_cache() -> None:
 
 
 def set_lift_cache_limit(nbytes: int) -> None:
-    """Bound the lift cache to ``nbytes`` (least recently used entries go first);
-    0 disables it. Default 1 GiB, or ``TORCH_SEMIRING_LIFT_CACHE_BYTES``."""
+    """Bound the lift cache (see :func:`clear_lift_cache`); least recently used entries go first.
+
+    Args:
+        nbytes: the limit in bytes; 0 disables the cache. Default 1 GiB, or
+            ``TORCH_SEMIRING_LIFT_CACHE_BYTES``.
+    """
     _C.set_lift_cache_limit(int(nbytes))
 
 
 def lift_cache_info() -> dict:
-    """The lift cache's counters: hits, misses, uncached (non-leaf operands, never
-    cached), entries, bytes held, limit. Entries of weights that died are dropped
-    before counting."""
+    """The lift cache's counters (see :func:`clear_lift_cache`).
+
+    Returns:
+        A dict: hits, misses, uncached (non-leaf operands, never cached),
+        entries, bytes held, limit. Entries of weights that died are dropped
+        before counting.
+    """
     return _C.lift_cache_info()
 
 
