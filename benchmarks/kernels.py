@@ -23,6 +23,8 @@ fp32, one thread, median of several runs of the thread's CPU time
 machine is not counted). Not a test: nothing asserts on time.
 
     PYTHONPATH=python python benchmarks/kernels.py      # BENCH_REPEATS=7; writes benchmarks/results/kernels.json (BENCH_JSON=path)
+    BENCH_SHAPES=Llama BENCH_KERNELS=viterbi,kmax ...   # a subset: shapes whose label contains one of the
+                                                        # words, these semirings (for trying things out)
 """
 from __future__ import annotations
 
@@ -52,6 +54,10 @@ SHAPES = [
     ("Llama down 64×512·512×1376", (64, 512), (512, 1376)),
 ]
 NAIVE_TEMP_BYTES = 256 * 2 ** 20
+if os.environ.get("BENCH_SHAPES"):
+    SHAPES = [s for s in SHAPES if any(word in s[0] for word in os.environ["BENCH_SHAPES"].split(","))]
+if os.environ.get("BENCH_KERNELS"):
+    SEMIRINGS = tuple(s for s in SEMIRINGS if s in os.environ["BENCH_KERNELS"].split(","))
 
 
 def value(name, shape, gen):

@@ -325,3 +325,48 @@ def test_engine_reaches_kernels(name):
     assert _C.kernel_calls() == before
     for a, b in zip(out, slow):
         torch.testing.assert_close(a, b.detach(), rtol=1e-9, atol=1e-9, equal_nan=True)
+
+
+def kmax_reference_same_dtype(g, w):
+    """kmax's k best of the k·K candidates g + log|w|, added in g's dtype (one
+    rounding, as the kernel does): equality, not closeness, is expected."""
+    k = g.size(0)
+    cand = g.movedim(0, -1)[..., None] + w.abs().log()[..., None, :, :].unsqueeze(-2)  # (…, M, K, k, N)
+    cand = cand.reshape(*cand.shape[:-3], -1, cand.size(-1))
+    return cand.topk(k, dim=-2).values.movedim(-2, 0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("k", [2, 4, 5, 8])
+def test_kmax_segments(k, dtype, isa):
+    """The kmax kernel filters 32 k-steps at a time against the k-th best as
+    it was when the segment began, then merges the hits: contractions on and
+    around the segment and k-block boundaries (31, 32, 33, 64, 127–129, 300),
+    scores rising along k (every step a hit), falling (no hit after the first
+    steps), many ties, −∞ entries, k larger than the contraction (lists that
+    stay partly −∞) — equal to the reference bit for bit."""
+    gen = torch.Generator().manual_seed(100 + k)
+    for K in (1, 2, 31, 32, 33, 64, 127, 128, 129, 300):
+        M, N = 7, 37
+        g = make_value("kmax", (M, K), gen, dtype, k=k)
+        w = make_weights((K, N), gen, dtype)
+        for label, gg in (("random", g),
+                          ("rising", g + torch.arange(K, dtype=dtype) * 0.5),
+                          ("falling", g - torch.arange(K, dtype=dtype) * 0.5)):
+            out = _C.kernel_matmul("kmax", gg, w)
+            assert out is not None, (K, label)
+            assert torch.equal(out, kmax_reference_same_dtype(gg, w)), (K, label)
+        # ties: small integer scores, |w| in {1, 2}: candidates equal across k and lists
+        gt = torch.randint(-2, 2, (k, M, K), generator=gen).sort(0, descending=True).values.to(dtype)
+        gt = gt.masked_fill(torch.rand(gt.shape, generator=gen) < 0.1, -INF).sort(0, descending=True).values
+        wt = torch.randint(-2, 3, (K, N), generator=gen).to(dtype)
+        out = _C.kernel_matmul("kmax", gt, wt)
+        assert out is not None
+        assert torch.equal(out, kmax_reference_same_dtype(gt, wt)), (K, "ties")
+        if K < k:  # one finite score per list: K finite candidates, fewer than k
+            g1 = make_value("kmax", (M, K), gen, dtype, with_empty=False, k=k)
+            g1[1:] = -INF
+            w1 = w.masked_fill(w == 0, 1.0)
+            out = _C.kernel_matmul("kmax", g1, w1)
+            assert torch.equal(out, kmax_reference_same_dtype(g1, w1)), (K, "short lists")
+            assert (out[K:] == -INF).all() and out[:K].isfinite().all()

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 import torch_semiring as ts
 from torch_semiring import _C
 from reference import SEMIRING_NAMES, reference_values
+from kernel_helpers import isa  # noqa: F401 (a fixture)
 from helpers import assert_values_equal
 
 D = torch.float64
@@ -89,6 +90,23 @@ def test_kernel_equals_block_version(semiring, kind, N):
             assert_values_equal(got[c], want[c], semiring, f"{semiring}/{kind}/N={N}/component {c}")
 
 
+@pytest.mark.parametrize("kind", ROW_KINDS)
+def test_kmax_rows_every_instruction_set(kind, isa):
+    # the vectorised top-k merge (one variant per instruction set) against the
+    # block version, with many candidates surviving the bounds (values of one
+    # size: the block-by-block merge) and few (values spread over many nats).
+    # (Not bit for bit across sets: the exp shift's last ulp differs there.)
+    g = torch.Generator().manual_seed(zlib.crc32(f"kmax-isa/{kind}".encode()))
+    x = rows_of(kind, 4, 150, g)
+    for k in (1, 3, 6):
+        sr = _C.make_semiring("kmax", k)
+        for spread in (0.3, 30.0):
+            a = random_value(sr, (4, 150), g, spread)
+            got, want = sr.norm_offdiagonal(a, x), sr.generic_norm_offdiagonal(a, x)
+            for c in range(k):
+                assert_values_equal(got[c], want[c], "kmax", f"kmax/{kind}/k={k}/{isa}/component {c}")
+
+
 @pytest.mark.parametrize("semiring", ["log", "entropy", "viterbi", "kmax"])
 def test_log_space_rows_spanning_thousands_of_nats(semiring):
     # exp(a − max) underflows to 0 for most of the row; outputs whose mass is
@@ -119,6 +137,27 @@ def test_float32_rows(semiring):
     finite = torch.isfinite(want)
     assert torch.equal(finite, torch.isfinite(got))
     torch.testing.assert_close(got[finite], want[finite], rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("kind", ROW_KINDS)
+def test_entropy_float32_rows_every_instruction_set(kind, isa):
+    # the float φ pass (a table log where a vector holds 8 or 16 floats, the
+    # polynomial one elsewhere) against the float64 block version: |1 + x_i x_j|
+    # at and near 0 and 1 (zero weights, sign changes, x = 0), ties, outliers
+    sr = make("entropy")
+    g = torch.Generator().manual_seed(zlib.crc32(f"entropy-isa/{kind}".encode()))
+    x = rows_of(kind, 4, 97, g)
+    if kind == "layer_norm":
+        x = x * torch.tensor([0.01, 1.0, 30.0, 1.0], dtype=D)[:, None]  # 1 + x_i x_j near 1 / spread wide
+    x = x.float().double()  # the float rows, exactly
+    for spread in (0.5, 8.0):
+        a = random_value(sr, (4, 97), g, spread).float().double()
+        got = sr.norm_offdiagonal(a.float(), x.float()).double()
+        want = sr.generic_norm_offdiagonal(a, x)
+        finite = torch.isfinite(want)
+        assert torch.equal(finite, torch.isfinite(got))
+        torch.testing.assert_close(got[finite], want[finite], rtol=2e-4, atol=2e-4,
+                                   msg=lambda m: f"entropy/{kind}/{isa}/spread {spread}: {m}")
 
 
 def test_kernels_decline_what_they_cannot_reproduce():

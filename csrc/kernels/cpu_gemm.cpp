@@ -30,10 +30,16 @@
 // term is an FMA (b·1 + a) plus a max — one op on each pair, as fast as an
 // SGEMM's FMA — and the kernels with more maxes per term (max_prod, kmax)
 // move what they can to blends. Per term and vector: max-plus / max-times
-// 2 ops (0.5 cycle on the 4 pipes), max_prod 6 (1.5), kmax(4) 18 (4.5).
+// 2 ops (0.5 cycle on the 4 pipes), max_prod 6 (1.5); kmax(4) a filter of
+// 2 ops plus, for the ~20 % of vector-steps where a list can change, a
+// merge of 16 (see TopKMergeKernel::run_tile). On an Intel core (Sapphire
+// Rapids) 512-bit FP ops issue on two ports only, so each op costs twice
+// that (max-plus 1 cycle a vector: ≥ 2× an SGEMM's time at best).
 // Measured at 64 tokens on the Llama shapes with a cached weight (1 thread,
 // benchmarks/kernels.py): viterbi / max_abs ~0.9–1.0×, max_prod ~2.8–3.1×,
-// kmax(4) ~7.5–9.4× the time of torch.mm of the same shape.
+// kmax(4) ~7.5–9.4× the time of torch.mm of the same shape (Zen 4, per-step
+// kmax merges); on Sapphire Rapids viterbi ~2.1–2.4×, kmax(4) with the
+// segmented filter 6.6–12× (was 11–18×; benchmarks/README.md, 2026-11-26).
 //
 // One source, three instruction sets: the kernel is written with GCC vector
 // extensions (tile_arithmetic.h) and instantiated inside functions marked
@@ -124,14 +130,21 @@ TS_TILE_FN void update_with_arg(V* acc, IV* arg, const T* a, V b, I k) {
   }
 }
 
+// Ops that run a whole tile themselves (kmax's TopKMergeKernel: a filter
+// pass, then the merges) define `run_tile`; the others take one k at a time.
+template <class Op, class = void>
+struct has_segments : std::false_type {};
+template <class Op>
+struct has_segments<Op, std::void_t<decltype(Op::kSegment)>> : std::true_type {};
+
 // acc (MR × NR per component) ⊕= ⊕_k A[:, k] ⊗ B[k, :] over kc steps.
 // c: the tile in the output (ldc = row stride, cc = component stride), read
 // back unless `first`; ix likewise for the argmax (ic = its component
 // stride). A is packed in strips of PACKED >= MR rows (an edge kernel reads
 // the first MR rows of a strip).
-template <class Op, class T, class V, int MR, int NV, bool ARG, int PACKED = MR>
-TS_TILE_FN void micro_kernel(int64_t kc, int64_t k0, const T* ap, const T* bp, T* c, int64_t ldc, int64_t cc,
-                             int32_t* ix, int64_t ldi, int64_t ic, bool first) {
+template <class Op, class T, class V, int MR, int NV, bool ARG, int PACKED>
+TS_TILE_FN void micro_kernel_steps(int64_t kc, int64_t k0, const T* ap, const T* bp, T* c, int64_t ldc, int64_t cc,
+                                   int32_t* ix, int64_t ldi, int64_t ic, bool first) {
   constexpr int L = sizeof(V) / sizeof(T), C = Op::kComponents, NR = NV * L;
   using I = LaneInt<T>;  // lane-wise masks: integers of T's width
   using IV = typename VecOf<I, sizeof(V)>::type;
@@ -182,6 +195,17 @@ TS_TILE_FN void micro_kernel(int64_t kc, int64_t k0, const T* ap, const T* bp, T
         for (int q = 0; q < C; ++q)
           for (int l = 0; l < L; ++l) ix[q * ic + i * ldi + j * L + l] = int32_t(arg[i][j][q][l]);
     }
+  }
+}
+
+template <class Op, class T, class V, int MR, int NV, bool ARG, int PACKED = MR>
+TS_TILE_FN void micro_kernel(int64_t kc, int64_t k0, const T* ap, const T* bp, T* c, int64_t ldc, int64_t cc,
+                             int32_t* ix, int64_t ldi, int64_t ic, bool first) {
+  if constexpr (has_segments<Op>::value) {  // kmax (never with argmax: see WinnersJob)
+    static_assert(!ARG, "kmax's tile runs without argmax");
+    Op::template run_tile<T, V, MR, NV, PACKED>(kc, ap, bp, c, ldc, cc, first);
+  } else {
+    micro_kernel_steps<Op, T, V, MR, NV, ARG, PACKED>(kc, k0, ap, bp, c, ldc, cc, ix, ldi, ic, first);
   }
 }
 
@@ -447,6 +471,44 @@ TS_TILE_FN bool any_greater(V x, V y) {
   return any;
 }
 
+// Bit l set where lane l of x is > y (NaN: not set); up to 16 lanes.
+template <class V>
+TS_TILE_FN uint16_t greater_lanes(V x, V y) {
+#if defined(__x86_64__)
+  if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 4) {
+    unsigned short k;
+    asm("vcmpps $30, %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y));
+    return k;
+  } else if constexpr (sizeof(V) == 64) {
+    unsigned char k;
+    asm("vcmppd $30, %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y));
+    return k;
+  }
+#endif
+  constexpr int L = sizeof(V) / sizeof(x[0]);
+  const auto m = x > y;
+  uint16_t bits = 0;
+  for (int l = 0; l < L; ++l) bits |= uint16_t(m[l] != 0) << l;
+  return bits;
+}
+
+// Bit s set where m[s] != 0, s < 32 (a 64-byte vector: one test of the 64 bytes).
+template <class V>
+TS_TILE_FN uint32_t nonzero_words(const uint16_t* m) {
+#if defined(__x86_64__)
+  if constexpr (sizeof(V) == 64) {
+    typedef uint16_t W __attribute__((vector_size(64)));
+    const W v = load<W>(m);
+    unsigned int k;
+    asm("vptestmw %[v], %[v], %[k]" : [k] "=Yk"(k) : [v] "v"(v));
+    return k;
+  }
+#endif
+  uint32_t bits = 0;
+  for (int s = 0; s < 32; ++s) bits |= uint32_t(m[s] != 0) << s;
+  return bits;
+}
+
 // kmax's top-E merge (TopKMerge) with the first kBlended compare-exchanges of
 // the bitonic network done by exchange_by_blend. Per term and vector: the
 // adds (FMA pipes), the maxes of the front and of the half exchanges, and 2
@@ -473,22 +535,98 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
       }
     }
   };
-  // Nothing enters a list where the best term of g's list, a[0] + b, does not
-  // beat its E-th score (a's list descends; a term equal to it leaves the
-  // values as they are): then one add and one compare replace the network.
-  // Once the lists fill up, most terms of a product end there.
-  template <class V, class T>
-  TS_TILE_FN static void update(V* acc, const T* a, V b) {
-    if (any_greater(Term::term(a[0], b), acc[E - 1])) Base::merge(acc, a, b, Exchange{});
+  // A tile's k block, kSegment steps at a time, in two passes, with the
+  // lists in the output tile c (L1) and only their E-th scores in registers.
+  // Nothing enters a list where the best term of g's list, a[0] + b, does
+  // not beat its E-th score (a's list descends; a term equal to it leaves
+  // the values as they are). The filter: per step and tile vector one add
+  // and one compare — is a[0] + b above the E-th score as it was when the
+  // segment began? — its lane mask stored (AVX-512; else a bit per step),
+  // no branch: a max-plus product's pace. The merges: for each vector with
+  // hits, its list loaded, the network run for each hit in increasing k with
+  // no further test (the E-th score only rises, so the stale threshold lets
+  // through a superset, and merging a term that does not beat the list
+  // changes nothing), stored. A per-step test and merge kept MR·NV·E list
+  // vectors in registers (spilled) and took a data-dependent branch at every
+  // step and vector; the tile now branches once per vector and segment and
+  // per hit of the loop over set bits, and the merges of different vectors
+  // overlap. Hits: ~20–25 % of the vector-steps of a 384-deep product of
+  // random lists, fewer as K grows; per vector-step ≈ the filter's 2 ops +
+  // that share of the merge's ops (KP = E = 4: 4 adds + 12 max/min/blend).
+  static constexpr int kSegment = 32;  // bits of a uint32_t
+  template <class T, class V, int MR, int NV, int PACKED>
+  TS_TILE_FN static void run_tile(int64_t kc, const T* ap, const T* bp, T* c, int64_t ldc, int64_t cc, bool first) {
+    constexpr int L = sizeof(V) / sizeof(T), NR = NV * L;
+    if (first) {
+      for (int q = 0; q < E; ++q)
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j)
+            store(c + q * cc + i * ldc + j * L, V{} - std::numeric_limits<T>::infinity());
+        }
+    }
+    V thr[MR][NV];
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) thr[i][j] = load<V>(c + (E - 1) * cc + i * ldc + j * L);
+    }
+    for (int64_t s0 = 0; s0 < kc; s0 += kSegment) {
+      const int steps = int(std::min<int64_t>(kSegment, kc - s0));
+      uint32_t hits[MR][NV];
+      if constexpr (sizeof(V) == 64) {
+        alignas(64) uint16_t masks[MR][NV][kSegment];
+        for (int s = 0; s < steps; ++s) {
+          const T* a = ap + (s0 + s) * PACKED * E;
+          V b[NV];
+          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) b[j] = load<V>(bp + (s0 + s) * NR + j * L);
+          _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j)
+              masks[i][j][s] = greater_lanes(Term::term(a[i * E], b[j]), thr[i][j]);
+          }
+        }
+        const uint32_t valid = steps == kSegment ? ~0u : (1u << steps) - 1;
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) hits[i][j] = nonzero_words<V>(masks[i][j]) & valid;
+        }
+      } else {
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) hits[i][j] = 0;
+        }
+        for (int s = 0; s < steps; ++s) {
+          const T* a = ap + (s0 + s) * PACKED * E;
+          V b[NV];
+          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) b[j] = load<V>(bp + (s0 + s) * NR + j * L);
+          _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j)
+              hits[i][j] |= uint32_t(any_greater(Term::term(a[i * E], b[j]), thr[i][j])) << s;
+          }
+        }
+      }
+      for (int i = 0; i < MR; ++i) {
+        for (int j = 0; j < NV; ++j) {
+          uint32_t h = hits[i][j];
+          if (!h) continue;
+          T* list = c + i * ldc + j * L;
+          V acc[E];
+          _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) acc[q] = load<V>(list + q * cc);
+          for (; h; h &= h - 1) {
+            const int64_t k = s0 + __builtin_ctz(h);
+            Base::merge(acc, ap + k * PACKED * E + i * E, load<V>(bp + k * NR + j * L), Exchange{});
+          }
+          _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) store(list + q * cc, acc[q]);
+          thr[i][j] = acc[E - 1];
+        }
+      }
+    }
   }
 };
 
 // Register budget: MR·NV·C accumulators (+ MR·NV argmax vectors) plus the NV
 // B vectors must fit the register file (32 zmm; 16 ymm/xmm).
-// (12×2 / 6×2 tiles for one component; 6 / 3 rows for pairs and argmax; kmax
-// with KP scores down to 1 row.)
+// (12×2 / 6×2 tiles for one component; 6 / 3 rows for pairs and argmax.)
+// kmax keeps only its lists' E-th scores in registers, NV a row, the lists
+// themselves in the output tile (run_tile): 6×2 / 3×2.
 template <class Op, bool ARG>
 constexpr int mr_for(int registers) {
+  if constexpr (has_segments<Op>::value) return registers == 32 ? 6 : 3;
   const int per_row = 2 * Op::kComponents * (ARG ? 2 : 1);  // NV = 2 vectors per row
   const int free = registers == 32 ? 24 : 12;
   return std::max(1, free / per_row);

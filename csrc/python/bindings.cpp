@@ -204,6 +204,15 @@ void call_from_engine(const py::function& fn, const Args&... args) {
 
 }  // namespace
 
+// Tensor-subclass tensors a rule meets — a node's saved tensors (RuleContext::unpack) and its own backward's
+// results (call_backward) — pass through this hook (rules/registry.cpp): torch_semiring.distributed sets it
+// to gather a DTensor shard into the plain tensor of its global shape (a collective: every rank runs the
+// same rules in the same order), so each rule computes on whole tensors. Unset: values pass unchanged.
+// (Declared here rather than in rule.h, which every rule includes: the only caller is this binding.)
+namespace torch_semiring {
+void set_subclass_gatherer(std::function<at::Tensor(const at::Tensor&)> gather);
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_semiring C++ core: semirings, rules and the semiring backward engine";
   register_builtin_rules();
@@ -415,6 +424,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     shadowed_rules().clear();
     set_log_sink(nullptr);
     set_hook_namer(nullptr);
+    set_subclass_gatherer(nullptr);
   });
   // The SIMD kernels' extras that the semiring interface has no place for:
   // argmax provenance for path extraction, and which ISA runs (for tests).
@@ -509,6 +519,21 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                   ") does not fit a tensor of shape ", t.sizes(), " (", t.scalar_type(), ", ", t.device(), ")");
     }
     for (size_t i = 0; i < tensors.size(); ++i) tensors[i].mutable_grad() = grads[i];
+  });
+  // gather(t) -> plain tensor: DTensor shards a rule meets become whole tensors (rules/rule.h).
+  m.def("set_subclass_gatherer", [](py::object gather) {
+    if (gather.is_none()) return set_subclass_gatherer(nullptr);
+    set_subclass_gatherer([gather](const at::Tensor& t) {
+      py::gil_scoped_acquire gil;
+      try {
+        return gather(t).cast<at::Tensor>();
+      } catch (py::error_already_set& e) {
+        e.restore();
+        python_error err;
+        err.persist();
+        throw err;
+      }
+    });
   });
   m.def("set_log_sink", [](py::object sink) {
     if (sink.is_none()) {

@@ -31,7 +31,9 @@ bool any_value(const std::vector<at::Tensor>& values) {
 }
 
 void register_rule(const std::string& node_name, Rule rule, const std::string& family) {
-  const bool moves_values = family == "placement" || family == "broadcast" || family == "identity";
+  // ("collective": ⊕ across ranks, never run twice — a rank alone re-running a collective would hang the others.)
+  const bool moves_values =
+      family == "placement" || family == "broadcast" || family == "identity" || family == "collective";
   table()[node_name] = RuleEntry{std::move(rule), family, moves_values};
 }
 
@@ -57,6 +59,24 @@ const RuleEntry& rule_for(const Node& node, const Semiring& sr) {
                               "torch_semiring.register_rule('", node.name(), "', rule) — see the "
                               "README section 'Writing a rule'.");
   return *entry;
+}
+
+namespace {
+std::function<at::Tensor(const at::Tensor&)>& subclass_gatherer() {
+  static std::function<at::Tensor(const at::Tensor&)> gather;
+  return gather;
+}
+// A DTensor (or another Python tensor subclass) → through the gatherer (set_subclass_gatherer, declared
+// in python/bindings.cpp); anything else as it is.
+at::Tensor gathered(at::Tensor t) {
+  const auto& gather = subclass_gatherer();
+  if (gather && t.defined() && t.unsafeGetTensorImpl()->key_set().has(c10::DispatchKey::Python)) return gather(t);
+  return t;
+}
+}  // namespace
+
+void set_subclass_gatherer(std::function<at::Tensor(const at::Tensor&)> gather) {
+  subclass_gatherer() = std::move(gather);
 }
 
 namespace {
@@ -253,7 +273,7 @@ at::TensorOptions RuleContext::output_options(size_t j) const { return node.inpu
 // for it (Semiring::value_dtype: float32 outside real), so every rule's
 // arithmetic — ATen matmuls included, which do not promote — runs in it.
 at::Tensor RuleContext::unpack(const torch::autograd::SavedVariable& saved) const {
-  auto t = saved.unpack(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&node));
+  auto t = gathered(saved.unpack(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&node)));
   if (t.defined()) {
     const auto wide = semiring.value_dtype(t.scalar_type());
     if (wide != t.scalar_type()) t = t.to(wide);
@@ -279,7 +299,9 @@ std::vector<at::Tensor> RuleContext::call_backward(std::vector<at::Tensor> grads
       guard.hidden.emplace_back(i, std::move(edges[i]));
       edges[i] = torch::autograd::Edge();
     }
-  return node(std::move(grads));
+  auto out = node(std::move(grads));
+  for (auto& t : out) t = gathered(std::move(t));
+  return out;
 }
 
 }  // namespace torch_semiring

@@ -37,6 +37,7 @@ except ImportError:  # an in-place build made by a setup.py older than _build_in
 _check_torch(_BUILT_WITH, str(torch.__version__))
 
 from . import _C, accumulation, preload
+from . import distributed as _distributed
 from .decompose import decomposed
 from .engine import backward, grad
 from .mode import get_semiring, semiring, set_semiring
@@ -59,6 +60,9 @@ def set_logging(enabled: bool = True) -> None:
     """Log every node the engine executes (logger 'torch_semiring', DEBUG level).
 
     Also enabled by the environment variable TORCH_SEMIRING_LOGS=1.
+
+    Args:
+        enabled: True to log, False to stop.
     """
     if enabled:
         if not _log.handlers:
@@ -83,15 +87,23 @@ def clear_lift_cache() -> None:
 
 
 def set_lift_cache_limit(nbytes: int) -> None:
-    """Bound the lift cache to ``nbytes`` (least recently used entries go first);
-    0 disables it. Default 1 GiB, or ``TORCH_SEMIRING_LIFT_CACHE_BYTES``."""
+    """Bound the lift cache (see :func:`clear_lift_cache`); least recently used entries go first.
+
+    Args:
+        nbytes: the limit in bytes; 0 disables the cache. Default 1 GiB, or
+            ``TORCH_SEMIRING_LIFT_CACHE_BYTES``.
+    """
     _C.set_lift_cache_limit(int(nbytes))
 
 
 def lift_cache_info() -> dict:
-    """The lift cache's counters: hits, misses, uncached (non-leaf operands, never
-    cached), entries, bytes held, limit. Entries of weights that died are dropped
-    before counting."""
+    """The lift cache's counters (see :func:`clear_lift_cache`).
+
+    Returns:
+        A dict: hits, misses, uncached (non-leaf operands, never cached),
+        entries, bytes held, limit. Entries of weights that died are dropped
+        before counting.
+    """
     return _C.lift_cache_info()
 
 
@@ -102,5 +114,6 @@ _install()
 if preload.loaded():  # the stock-engine hooks are installed: started with LD_PRELOAD (torch_semiring.preload)
     # A semiring .backward() there ends with the .grad step in the thread's mode.
     _C.preload_set_accumulator(lambda leaves, values: accumulation.accumulate_leaves(get_semiring(), leaves, values))
+_distributed.register()  # rules of collectives and DTensor nodes (distributed.py)
 # Rules and log sinks may hold Python callables; drop them while Python lives.
 _atexit.register(_C.release_python_objects)

@@ -77,14 +77,25 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m torch_semiring")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("demo", help="semiring backprop on a small attention block")
-    ex = sub.add_parser("explain", help="top gradient paths of a real BERT (default: MiniLM), labelled and drawn")
-    ex.add_argument("--model", default="minilm", help="'minilm' or a local Hugging Face model folder")
-    ex.add_argument("--text", default="the cat sat on the mat")
-    ex.add_argument("--other", default="a kitten rests on a rug", help="the sentence the similarity is taken with")
+    ex = sub.add_parser("explain", help="top gradient paths of a real model (default: MiniLM), labelled and drawn")
+    ex.add_argument("--model", default="minilm",
+                    help="'minilm' (a sentence encoder), 'smollm2' (a Llama decoder) or a local Hugging Face "
+                         "model folder")
+    ex.add_argument("--text", default=None,
+                    help="the input (default: 'the cat sat on the mat'; decoders: 'The capital of France is')")
+    ex.add_argument("--other", default=None,
+                    help="encoders: the sentence the similarity is taken with (default: 'a kitten rests on a rug')")
+    ex.add_argument("--target", default=None,
+                    help="decoders: the continuation whose log-probability is explained (default: the model's "
+                         "greedy next token)")
     ex.add_argument("--semiring", default="viterbi")
     ex.add_argument("--k", type=int, default=5)
     ex.add_argument("--out", default="explain_out")
     ex.add_argument("--device", default="cpu", help="where the model runs: cpu or cuda (cuda: not yet run on a GPU)")
+    from .explain_dataset import add_arguments as dataset_arguments
+
+    dataset_arguments(sub.add_parser("explain-dataset", help="component flow over a file of sentences; "
+                                     "shards them over the ranks when run under torchrun"))
     args = parser.parse_args(argv)
     if args.command == "demo":
         demo()
@@ -92,13 +103,18 @@ def main(argv: list[str] | None = None) -> int:
         from .explain import explain, print_explanation
 
         try:
-            result = explain(args.model, args.text, args.other, args.semiring, args.k, args.out, device=args.device)
+            result = explain(args.model, args.text, args.other, args.semiring, args.k, args.out, device=args.device,
+                             target=args.target)
         except SystemExit as error:  # a bad argument: one line, exit status 2 (as argparse's own errors)
             if not isinstance(error.code, str):
                 raise
             print(error.code, file=sys.stderr)
             raise SystemExit(2) from None
         print_explanation(result, args.semiring)
+    elif args.command == "explain-dataset":
+        from .explain_dataset import run
+
+        return run(args)
     return 0
 
 

@@ -11,6 +11,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from . import _C
+from .distributed import whole_readout
 from .semirings import Part, Resolved, resolve
 
 # A .grad tensor a semiring pass wrote → (semiring key, raw value, its version
@@ -81,7 +82,7 @@ def write_grads(part: Part, updates, create_graph: bool, run_hooks: bool = True)
         readout = part.handle.readout(raw)
         if not create_graph:
             readout = readout.detach()
-        staged.append((t, raw, readout.to(t.dtype)))
+        staged.append((t, raw, whole_readout(t, readout.to(t.dtype))))
     for _, raw, readout in staged:
         _accumulated[readout] = (part.key, raw.detach() if not create_graph else raw, readout._version)
     _C.assign_grads([t for t, _, _ in staged], [readout for _, _, readout in staged])

@@ -29,6 +29,8 @@ from torch.overrides import TorchFunctionMode
 
 
 def softmax(x, dim=None, _stacklevel=3, dtype=None):
+    """softmax as exp(x − max) / Σ (the max-subtraction is on the graph, as in Du et al.).
+    Arguments ``x``, ``dim``, ``dtype`` as for ``torch.softmax``."""
     if dtype is not None:
         x = x.to(dtype)
     e = torch.exp(x - x.amax(dim, keepdim=True))
@@ -36,6 +38,8 @@ def softmax(x, dim=None, _stacklevel=3, dtype=None):
 
 
 def log_softmax(x, dim=None, _stacklevel=3, dtype=None):
+    """log_softmax as (x − max) − log Σ exp(x − max).
+    Arguments ``x``, ``dim``, ``dtype`` as for ``torch.log_softmax``."""
     if dtype is not None:
         x = x.to(dtype)
     shifted = x - x.amax(dim, keepdim=True)
@@ -43,6 +47,8 @@ def log_softmax(x, dim=None, _stacklevel=3, dtype=None):
 
 
 def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """layer_norm by its moments: (x − mean) · rsqrt(mean((x − mean)²) + eps) · weight + bias.
+    Arguments ``x``, ``normalized_shape``, ``weight``, ``bias``, ``eps`` as for ``F.layer_norm``."""
     dims = tuple(range(-len(normalized_shape), 0))
     centered = x - x.mean(dims, keepdim=True)
     y = centered * torch.rsqrt((centered * centered).mean(dims, keepdim=True) + eps)
@@ -67,6 +73,8 @@ def layer_norm_by_moments(x, normalized_shape, weight=None, bias=None, eps=1e-5)
 
 
 def rms_norm(x, normalized_shape, weight=None, eps=None):
+    """rms_norm as x · rsqrt(mean(x²) + eps) · weight.
+    Arguments ``x``, ``normalized_shape``, ``weight``, ``eps`` as for ``F.rms_norm``."""
     dims = tuple(range(-len(normalized_shape), 0))
     eps = torch.finfo(x.dtype).eps if eps is None else eps
     y = x * torch.rsqrt((x * x).mean(dims, keepdim=True) + eps)
@@ -74,6 +82,8 @@ def rms_norm(x, normalized_shape, weight=None, eps=None):
 
 
 def gelu(x, approximate="none"):
+    """GELU from erf (or, approximate='tanh', from tanh) and products.
+    Arguments ``x``, ``approximate`` as for ``F.gelu``."""
     if approximate == "tanh":
         return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x * x * x)))
     return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
@@ -81,6 +91,8 @@ def gelu(x, approximate="none"):
 
 def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                  enable_gqa=False):
+    """Attention from matmuls and the decomposed softmax; arguments (q, k, v, attn_mask, dropout_p, is_causal,
+    scale, enable_gqa) as for ``torch.nn.functional.scaled_dot_product_attention``."""
     if enable_gqa and q.size(-3) != k.size(-3):
         group = q.size(-3) // k.size(-3)
         k, v = k.repeat_interleave(group, -3), v.repeat_interleave(group, -3)
@@ -110,7 +122,16 @@ _GRANULARITIES = {
 
 class decomposed(TorchFunctionMode):
     """Context manager: forward passes inside it record the graph of ``granularity``
-    (``"primitives"`` or ``"paper"``, see the module docstring)."""
+    (``"primitives"`` or ``"paper"``, see the module docstring).
+
+    Example:
+        >>> import torch, torch_semiring as ts
+        >>> x = torch.randn(4, requires_grad=True)
+        >>> with ts.decomposed():
+        ...     y = torch.softmax(x, 0)
+        >>> y.grad_fn.name()            # a division, not SoftmaxBackward0
+        'DivBackward0'
+    """
 
     def __init__(self, granularity: str = "primitives"):
         super().__init__()

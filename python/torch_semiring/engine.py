@@ -12,6 +12,7 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 from . import _C
 from .accumulation import check_grad_semiring, retained_tensors, write_grads
 from .mode import get_semiring
+from .distributed import whole_readout
 from .rules import declare_known_functions
 from .semirings import Resolved, resolve
 
@@ -192,12 +193,71 @@ def grad(
     raw: bool = False,
     **params,
 ):
-    """Semiring values of ``inputs`` w.r.t. ``outputs`` (like ``torch.autograd.grad``).
+    """Semiring values of ``inputs`` w.r.t. ``outputs``: ``torch.autograd.grad`` in any semiring.
 
-    Returns a tuple of readouts shaped like ``inputs`` (kmax: ``(*shape, k)``),
-    or, for several semirings ``semiring=("viterbi", "entropy")``, one such
-    tuple per semiring from a single graph walk. ``raw=True`` returns the raw
-    semiring values (shape ``(C, *shape)``) instead of readouts.
+    Every path through the autograd graph from an input element to an output
+    element is a product of local derivatives (edge weights, as each node's own
+    backward computes them); a semiring says how to combine them: ⊗ along a
+    path, ⊕ over paths. ``real`` is the gradient itself (stock autograd).
+
+    Args:
+        outputs: a tensor or a sequence of tensors (the roots). Every element of
+            every output is seeded with the semiring one unless ``grad_outputs`` is given.
+        inputs: a tensor, a ``torch.autograd.graph.GradientEdge`` or a sequence
+            of them: leaves, non-leaf tensors or edges, each real floating point.
+        grad_outputs: ``None`` or one entry per output (a tensor shaped like it,
+            or ``None``): weights of edges from each output element to a virtual
+            sink, lifted like any edge weight (``real``: the usual vector of the
+            vector-Jacobian product).
+        semiring: a name, a tuple of names (one graph walk, one tuple of results
+            per semiring), or a Python semiring object. Built in
+            (:func:`torch_semiring.semirings`), with the readout per input element
+            and its value where no path exists:
+
+            - ``real``: the gradient [0];
+            - ``abs``: Σ_paths Π|w| [0]; ``count``: the number of paths [0];
+            - ``log``: log Σ_paths Π|w|, natural log [−inf];
+            - ``max_abs``: max over paths of Π|w| [0];
+            - ``viterbi``: max over paths of Σ log|w|, natural log [−inf];
+            - ``max_prod``: the largest signed path product [−inf];
+            - ``entropy``: H = −Σ p log p in nats of p(path) ∝ Π|w| [NaN];
+            - ``kmax`` (``k=``): the k largest path log-magnitudes, descending, natural log [−inf padded].
+        retain_graph: keep the graph for another backward (default: ``create_graph``).
+        create_graph: record the semiring computation itself, so that its
+            result can be differentiated.
+        allow_unused: return ``None`` for an input that no output depends on,
+            instead of raising.
+        raw: return the raw semiring values (shape ``(C, *input.shape)``, C the
+            semiring's number of components: max_prod's (M, m), entropy's
+            (log Z, R/Z), kmax's k values) instead of readouts.
+        **params: semiring parameters, e.g. ``k=5`` for ``kmax``.
+
+    Returns:
+        A tuple with one tensor per input, shaped like the input (``kmax``:
+        ``(*input.shape, k)``), of the input's dtype (log-space semirings on
+        float16/bfloat16 graphs: float32). For a tuple of semirings, one such
+        tuple per semiring, in order.
+
+    Raises:
+        RuntimeError: an input did not take part in the graph (without
+            ``allow_unused``) or does not require grad; a node has no rule for
+            the semiring (the message names the node type and how to register
+            one with :func:`torch_semiring.register_rule`).
+        TypeError: a non-floating-point or complex tensor; an argument of the wrong type.
+        ValueError: no outputs or inputs; ``grad_outputs`` of the wrong length; bad semiring parameters.
+
+    Example:
+        >>> import torch, torch_semiring as ts
+        >>> x = torch.tensor([3.0], dtype=torch.float64, requires_grad=True)
+        >>> y = 3 * x + x * x          # paths from x: weight 3; and x, x (two edges of x*x)
+        >>> ts.grad(y, x)[0]           # the gradient 3 + 2x
+        tensor([9.], dtype=torch.float64)
+        >>> ts.grad(3 * x + x * x, x, semiring="count")[0]   # three paths
+        tensor([3.], dtype=torch.float64)
+        >>> ts.grad(3 * x + x * x, x, semiring="max_prod")[0]   # the best single path
+        tensor([3.], dtype=torch.float64)
+        >>> ts.grad(3 * x + x * x, x, semiring="entropy")[0]   # three equally likely paths: log 3 nats
+        tensor([1.0986], dtype=torch.float64)
     """
     sr = resolve(semiring, **params)
     outputs = _as_tuple(outputs)
@@ -238,7 +298,7 @@ def grad(
             if value is None:  # reached only through zero weights: the semiring zero
                 value = walked.handle.zero(list(_shape_of(x)), _like_of(x))
             for part, out, v in zip(walked.parts, per_part, walked.split(value)):
-                out.append(v if raw else part.handle.readout(v))
+                out.append(v if raw else whole_readout(x, part.handle.readout(v)))
         walked_results = iter(tuple(r) for r in per_part)
         for j, part in enumerate(sr.parts):
             if not part.stock_backward_is_exact:
@@ -266,7 +326,22 @@ def backward(
     ``.grad = readout(previous ⊕ this pass)``; nothing is written unless the
     whole pass succeeds. Post-accumulate-grad hooks run afterwards. Tensor and
     node hooks see readouts (engine/node_hooks.h). ``real`` is the stock
-    ``torch.autograd.backward`` itself.
+    ``torch.autograd.backward`` itself. ``with ts.semiring(s): loss.backward()``
+    calls this.
+
+    Args:
+        tensors: the outputs (a tensor or a sequence of tensors).
+        grad_tensors: ``None`` or one weight tensor per output (see :func:`grad`'s ``grad_outputs``).
+        retain_graph: keep the graph (default: ``create_graph``).
+        create_graph: record the semiring computation itself.
+        inputs: only these tensors receive ``.grad`` (default: every leaf that requires grad).
+        semiring: a semiring name or object (default: the thread's mode, :func:`torch_semiring.semiring`);
+            not a tuple and not ``kmax``, whose readouts do not fit a ``.grad``.
+        **params: semiring parameters.
+
+    Raises:
+        RuntimeError: no semiring given or set; several semirings or kmax; an
+            existing ``.grad`` not written by a pass of the same semiring (set it to None first).
     """
     sr = resolve(semiring, **params) if semiring is not None else get_semiring()
     if sr is None:

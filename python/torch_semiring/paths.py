@@ -28,7 +28,17 @@ _LOG_MAGNITUDE_ORDER = ("viterbi", "max_abs", "kmax")
 
 @dataclass
 class Step:
-    """One tensor element on a path (paths run from an input element to the output)."""
+    """One tensor element on a path (paths run from an input element to the output).
+
+    Fields: ``node`` (the autograd node that produced the tensor, ``"leaf"`` for
+    leaves), ``module`` (qualified name of the module whose forward created it,
+    when the forward ran inside :class:`track_modules`), ``shape``, ``index``
+    (the element's index in the tensor), ``token`` and ``head`` (decoded token
+    position and attention head where the layout makes them knowable, else
+    None), ``value`` (the semiring value of the best path(s) from this element to
+    the output, in the semiring's units), ``edge_weight`` (the local derivative
+    to the next step's element, as the node's backward computes it; None at the output).
+    """
 
     node: str  # autograd node that produced the tensor ("leaf" for leaves)
     module: Optional[str]  # qualified name of the module that produced it, when known
@@ -42,6 +52,15 @@ class Step:
 
 @dataclass
 class Path:
+    """One gradient path, as :func:`top_paths` returns it.
+
+    Fields: ``semiring`` (whose value it is), ``value`` (the path's semiring
+    value, equal to the readout at its input element: viterbi/kmax a natural
+    log of |Π edge weights|, max_abs |Π|, max_prod the signed Π), ``input``
+    (which of the ``inputs`` it starts in), ``rank`` (0 = best) and ``steps``
+    (a list of :class:`Step`, input element first, output element last).
+    """
+
     semiring: str
     value: float  # the path's semiring value (= the readout at its input element)
     input: int  # which of `inputs` it starts in
@@ -49,17 +68,22 @@ class Path:
     steps: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
+        """The path as plain dicts and lists (its steps too), e.g. for ``json.dump``."""
         return asdict(self)
 
     def to_json(self, **kwargs) -> str:
+        """The path as JSON text; ``**kwargs`` go to ``json.dumps`` (e.g. ``indent=1``)."""
         return json.dumps(self.to_dict(), **kwargs)
 
     def to_dataframe(self):
+        """The steps as a pandas DataFrame, one row per step (needs pandas)."""
         pd = require("pandas", "viz")
 
         return pd.DataFrame([asdict(s) for s in self.steps])
 
     def to_networkx(self):
+        """The path as a ``networkx.DiGraph``: a node per step (its fields as attributes), edges weighted by
+        ``edge_weight`` (needs networkx)."""
         nx = require("networkx", "viz")
 
         graph = nx.DiGraph(semiring=self.semiring, value=self.value, rank=self.rank)
@@ -70,6 +94,8 @@ class Path:
         return graph
 
     def describe(self) -> str:
+        """A readable multi-line text: one line per step with node, module, index, token/head, value and the
+        edge weight to the next step."""
         lines = [f"#{self.rank} {self.semiring} value {self.value:.6g} (input {self.input})"]
         for s in self.steps:
             where = ", ".join(f"{n}={v}" for n, v in (("token", s.token), ("head", s.head)) if v is not None)
@@ -233,6 +259,31 @@ def top_paths(
     A path's ``value`` equals the semiring readout at its input element (for
     k > 1: the k largest path log-magnitudes, as ``kmax``). The graph is kept
     (retain_graph) so the edge weights can be read from the nodes.
+
+    Args:
+        output: a scalar tensor, or any tensor with ``grad_outputs``.
+        inputs: a tensor or a sequence of tensors where paths start.
+        semiring: ``viterbi`` (log|Π w|), ``max_abs`` (|Π w|), ``max_prod``
+            (signed Π w; k = 1 only) or ``kmax``.
+        k: how many paths, best first, over all elements of all inputs.
+        model: the ``nn.Module`` that ran, to name parameters and read the head count from its config.
+        grad_outputs: weights of the output elements (as for :func:`torch_semiring.grad`).
+        seq_len: the sequence length, to decode token positions from shapes.
+        num_heads: the number of attention heads, to decode heads (default: from ``model.config``).
+
+    Returns:
+        A list of up to k :class:`Path`, best first (fewer when fewer paths exist).
+
+    Raises:
+        ValueError: a semiring without paths, k < 1, a non-scalar output without
+            ``grad_outputs``, or a graph on the meta device.
+
+    Example:
+        >>> import torch, torch_semiring as ts
+        >>> x = torch.tensor([1.0, 2.0], requires_grad=True)
+        >>> (best,) = ts.top_paths((x * x * 3).sum(), x, semiring="max_prod")
+        >>> best.value, best.steps[0].index     # x[1] → x·x → ·3 → sum: 3 · 2 (one of two equal paths)
+        (6.0, (1,))
     """
     if isinstance(output, torch.Tensor) and output.device.type == "meta":
         # The backward itself runs on meta (shapes only); walking the paths reads their scores.
@@ -292,6 +343,9 @@ class track_modules:
     Use around the forward pass: ``with ts.track_modules(model): out = model(x)``.
     Nodes get ``grad_fn.metadata["module"]`` = the qualified name of the
     innermost running module; ``top_paths`` and ``component_flow`` show it.
+
+    Args:
+        model: the ``nn.Module`` whose submodules name the nodes.
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -384,6 +438,18 @@ def component_flow(
     followed one step: the module of the node it flows into names the branch
     (query / key / value / mlp …, ``skip`` for the residual stream). Returns a
     pandas DataFrame with columns layer, token, branch, value, consumer.
+
+    Args:
+        output: the explained scalar (or a tensor with ``grad_outputs``).
+        tensors: layer label → tensor of shape (batch, tokens, hidden) on the graph.
+        semiring: a path semiring with one path per element: ``viterbi``, ``max_abs`` or ``max_prod``.
+        grad_outputs: weights of the output elements (as for :func:`torch_semiring.grad`).
+        branches: module-name ending → branch name (default ``DEFAULT_BRANCHES``:
+            BERT's query/key/value/intermediate, Llama's q/k/v/gate/up projections, GPT-2's c_attn/c_fc).
+
+    Returns:
+        A DataFrame with columns layer, batch, token, branch, value (the best
+        path's value out of the token, in the semiring's units), consumer (its module).
     """
     pd = require("pandas", "viz")
 
@@ -424,14 +490,34 @@ def dataset_flow(examples, forward, semiring: str = "viterbi", branches: Optiona
     ``forward(example)`` runs the model on one example and returns
     ``(output, {label: tensor})`` (run the model inside :func:`track_modules`).
     Returns one DataFrame with an ``example`` column added.
+
+    Args:
+        examples: an iterable of examples (anything ``forward`` takes).
+        forward: ``forward(example) -> (output, {label: tensor})``.
+        semiring: as for :func:`component_flow`.
+        branches: as for :func:`component_flow`.
+        progress: show a tqdm progress bar (on rank 0 only under ``torchrun``).
+
+    Under ``torchrun`` (an initialised process group of several ranks) each rank
+    takes every world-size-th example, rank 0 shows the progress bar and gets
+    the whole DataFrame, the same as a serial run; other ranks get None
+    (distributed.shard / gather_to_rank0).
     """
     pd = require("pandas", "viz")
     tqdm = require("tqdm", "viz").tqdm
 
+    from . import distributed
+
+    mine = distributed.shard(examples)
     frames = []
-    for i, example in enumerate(tqdm(examples, desc="component flow", disable=not progress)):
+    for i, example in tqdm(mine, desc="component flow", disable=not progress or distributed.rank() != 0):
         output, tensors = forward(example)
         frame = component_flow(output, tensors, semiring=semiring, branches=branches)
         frame.insert(0, "example", i)
         frames.append(frame)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    frames = distributed.gather_to_rank0(frames)
+    if frames is None:
+        return None
+    if not frames:
+        return pd.DataFrame()
+    return pd.concat(frames, ignore_index=True).sort_values("example", kind="stable", ignore_index=True)

@@ -26,12 +26,24 @@ from . import _C
 
 
 def register_rule(target: Any, rule: Callable) -> None:
-    """Register ``rule`` for an autograd node type.
+    """Register ``rule`` for an autograd node type, in every semiring.
 
-    ``target`` is a node name (``"MulBackward0"``, as ``grad_fn.name()`` shows)
-    or a ``torch.autograd.Function`` subclass, whose nodes are named
-    ``<ClassName>Backward``. A later registration replaces an earlier one
-    (also a built-in rule).
+    A later registration replaces an earlier one (also a built-in rule) until
+    :func:`unregister_rule`.
+
+    Args:
+        target: a node name (``"MulBackward0"``, as ``grad_fn.name()`` shows)
+            or a ``torch.autograd.Function`` subclass, whose nodes are named
+            ``<ClassName>Backward``.
+        rule: ``rule(node, grads, semiring, needed) -> list``: given the raw
+            semiring values at the node's outputs (``grads``, one per output,
+            shape ``(C, *output_shape)``, or None for zero), returns one value (or
+            None) per node input; ``semiring`` is the handle with ``lift``,
+            ``otimes``, ``oplus``, ``matmul`` …; ``needed[i]`` says whether input
+            ``i`` leads to a requested input (see this module's docstring).
+
+    Raises:
+        TypeError: ``target`` is neither a name nor a Function subclass.
     """
     if isinstance(target, str):
         _C.register_rule(target, rule, "user")
@@ -61,6 +73,9 @@ def register_rule(target: Any, rule: Callable) -> None:
 def register_pointwise(function: type) -> None:
     """Declare a ``torch.autograd.Function`` subclass element-wise (pointwise):
     its nodes get the generic diagonal rule, ``v_in = g ⊗ lift(backward(ones))``.
+
+    Args:
+        function: the ``torch.autograd.Function`` subclass.
 
     One line for a Function whose output element ``i`` depends on input element
     ``i`` only (an activation written as a Function, e.g. Bloom's ``GeLUFunction``,
@@ -117,15 +132,27 @@ def _node_name(target: Any, what: str) -> str:
 
 
 def unregister_rule(target: Any) -> None:
-    """Remove the latest :func:`register_rule` for ``target`` (a node name or an
-    ``autograd.Function`` subclass): the rule it replaced — a built-in rule or an
-    earlier registration — is in force again. A name never registered is a ValueError."""
+    """Remove the latest :func:`register_rule` for ``target``.
+
+    The rule it replaced — a built-in rule or an earlier registration — is in force again.
+
+    Args:
+        target: a node name or an ``autograd.Function`` subclass, as registered.
+
+    Raises:
+        ValueError: nothing was registered for ``target``.
+    """
     _C.unregister_rule(_node_name(target, "unregister_rule"))
 
 
 @contextlib.contextmanager
 def using_rule(target: Any, rule: Callable):
-    """``with ts.using_rule("MulBackward0", my_rule): ...`` — ``rule`` in force inside the block only."""
+    """``with ts.using_rule("MulBackward0", my_rule): ...`` — ``rule`` in force inside the block only.
+
+    Args:
+        target: a node name or ``torch.autograd.Function`` subclass, as for :func:`register_rule`.
+        rule: the rule, as for :func:`register_rule`.
+    """
     register_rule(target, rule)
     try:
         yield
@@ -134,10 +161,30 @@ def using_rule(target: Any, rule: Callable):
 
 
 def has_rule(node_name: str) -> bool:
+    """Whether the semiring engine can run nodes named ``node_name``.
+
+    Args:
+        node_name: an autograd node name as ``grad_fn.name()`` shows it (``"MulBackward0"``,
+            ``"MyFunctionBackward"`` for a ``torch.autograd.Function`` subclass).
+
+    Returns:
+        True when a built-in (generated, generic or hand-written) or registered rule exists.
+
+    Example:
+        >>> import torch_semiring as ts
+        >>> ts.has_rule("MmBackward0"), ts.has_rule("NoSuchBackward0")
+        (True, False)
+    """
     declare_known_functions()
     return _C.has_rule(node_name)
 
 
 def registered_rules() -> dict[str, str]:
-    """Node name → rule family ('pointwise', 'placement', 'matmul', …, 'user')."""
+    """Every node name the engine has a rule for → the rule's family.
+
+    Returns:
+        A dict such as ``{"MulBackward0": "pointwise", "MmBackward0": "matmul", …}``;
+        families include 'pointwise', 'placement', 'matmul' and 'user' (registered by
+        :func:`register_rule`). docs/coverage.md tabulates them against PyTorch's nodes.
+    """
     return dict(_C.registered_rules())

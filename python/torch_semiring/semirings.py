@@ -14,7 +14,18 @@ from . import _C
 
 
 def semirings() -> list[str]:
-    """The names of the built-in semirings (see the README's table)."""
+    """The names of the built-in semirings, for ``semiring=`` arguments.
+
+    ``real`` (the gradient), ``abs``, ``count``, ``log``, ``max_abs``,
+    ``viterbi``, ``max_prod``, ``entropy``, ``kmax`` (parameter ``k``): see
+    :func:`torch_semiring.grad` for what each reads out, and docs/interpreting.md
+    for how to read the numbers.
+
+    Example:
+        >>> import torch_semiring as ts
+        >>> "viterbi" in ts.semirings()
+        True
+    """
     return list(_C.semiring_names())
 
 
