@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import torch_semiring as ts
-from test_transformers import VOCAB, tiny
+from helpers import VOCAB, tiny
 
 
 @pytest.fixture(scope="module")
