@@ -25,6 +25,8 @@ import inspect
 import sys
 import warnings
 
+from ._extras import require
+
 #: semirings whose readouts are never negative: abs() leaves them as they are
 NON_NEGATIVE = ("abs", "count", "max_abs", "entropy")
 
@@ -62,7 +64,7 @@ def _check(attribution, semiring: str, arguments: dict) -> None:
             f"gradients are '{semiring}' path values (log-magnitudes, counts, entropies …); their product with "
             f"the inputs means nothing. Use torch_semiring.captum.SemiringSaliency(forward_func, "
             f"semiring='{semiring}') for the per-element semiring values, or leave the semiring mode for {cls}."))
-    from captum.attr import Saliency
+    Saliency = require("captum.attr", "captum").Saliency
 
     if isinstance(attribution, Saliency) and arguments.get("abs", True) and semiring not in NON_NEGATIVE:
         _warn_once((cls, semiring, "abs"), (

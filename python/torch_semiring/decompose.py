@@ -60,7 +60,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 
 def layer_norm_by_moments(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """Layer norm as the paper's implementation writes it: Var[x] = E[x²] − E[x]²."""
+    """Layer norm as the paper's implementation writes it: Var[x] = E[x²] − E[x]².
+    Arguments ``x``, ``normalized_shape``, ``weight``, ``bias``, ``eps`` as for ``F.layer_norm``."""
     dims = tuple(range(-len(normalized_shape), 0))
     mean = x.mean(dims, keepdim=True)
     var = (x ** 2).mean(dims, keepdim=True) - mean ** 2

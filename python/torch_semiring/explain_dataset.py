@@ -18,6 +18,7 @@ import time
 import torch
 
 from . import distributed
+from ._extras import require
 from .explain import _mean_pool, model_path
 from .paths import PATH_SEMIRINGS, dataset_flow, track_modules
 
@@ -55,11 +56,10 @@ def sentence_forward(model_name: str, other: str):
     """forward(sentence) -> (cosine similarity with ``other``, {"layer i": the input of layer i}), the
     model loaded once (float64, eager attention, module labels for component_flow)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    from transformers import AutoModel, AutoTokenizer
-
+    transformers = require("transformers", "hf")
     path = model_path(model_name)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    model = AutoModel.from_pretrained(path, attn_implementation="eager").double().eval()
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModel.from_pretrained(path, attn_implementation="eager").double().eval()
     with torch.no_grad():
         other_batch = tokenizer(other, return_tensors="pt")
         target = _mean_pool(model(**other_batch).last_hidden_state, other_batch["attention_mask"])[0]
