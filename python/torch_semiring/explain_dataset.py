@@ -20,7 +20,8 @@ import torch
 from . import distributed
 from ._extras import require
 from .explain import _mean_pool, model_path
-from .paths import PATH_SEMIRINGS, dataset_flow, track_modules
+from .paths import dataset_flow, track_modules
+from .semirings import resolve, selecting_semirings
 
 
 def read_sentences(path: str, limit: int | None = None) -> list[str]:
@@ -36,9 +37,11 @@ def read_sentences(path: str, limit: int | None = None) -> list[str]:
 
 
 def check_semiring(semiring: str) -> None:
-    if semiring not in PATH_SEMIRINGS or semiring == "kmax":
+    # one best path per example: a selecting semiring whose readout is one value (not kmax's list)
+    single = [s for s in selecting_semirings() if not resolve(s).parts[0].readout_lists_components]
+    if semiring not in single:
         raise SystemExit(f"torch_semiring: --semiring '{semiring}' has no single best path; use one of "
-                         f"{', '.join(s for s in PATH_SEMIRINGS if s != 'kmax')}")
+                         f"{', '.join(single)}")
 
 
 def explain_dataset(model_name: str, sentences: list[str], other: str, semiring: str = "viterbi",
