@@ -222,6 +222,7 @@ def grad(
             - ``max_prod``: the largest signed path product [−inf];
             - ``entropy``: H = −Σ p log p in nats of p(path) ∝ Π|w| [NaN];
             - ``kmax`` (``k=``): the k largest path log-magnitudes, descending, natural log [−inf padded].
+            - ``min_plus``: min over paths of −Σ log|w| (the cheapest path), natural log [+inf].
         retain_graph: keep the graph for another backward (default: ``create_graph``).
         create_graph: record the semiring computation itself, so that its
             result can be differentiated.
