@@ -13,11 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
+
+import ranks as ranks_job  # benchmarks/ranks.py (this folder is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ("the cat sat on the mat while rain fell over the quiet town and two trains left the old station "
@@ -52,25 +51,7 @@ def rank_run(args) -> None:
 
 
 def launch(ranks: int, args) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, os.path.abspath(__file__), "--rank-run", "--sentences", str(args.sentences),
-            "--model", args.model]
-    start = time.perf_counter()
-    procs = [subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, RANK=str(r), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
-                                       MASTER_PORT=str(port), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-                                       PYTHONPATH=os.path.join(ROOT, "python")))
-             for r in range(ranks)]
-    outs = [p.communicate() for p in procs]
-    wall = time.perf_counter() - start
-    for p, (stdout, stderr) in zip(procs, outs):
-        if p.returncode:
-            raise SystemExit(f"a rank failed:\n{stderr[-3000:]}")
-    result = json.loads(outs[0][0].strip().splitlines()[-1])
-    result["wall_s"] = wall
-    return result
+    return ranks_job.launch(__file__, ranks, ["--sentences", str(args.sentences), "--model", args.model])
 
 
 def main() -> None:

@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import time
+
+import ranks as ranks_job  # benchmarks/ranks.py (this folder is on sys.path)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEMIRINGS = ("real", "abs", "log", "viterbi", "max_prod", "entropy")
@@ -101,21 +100,7 @@ def measure(args) -> dict | None:
 
 
 def launch(ranks: int, args) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    argv = [sys.executable, os.path.abspath(__file__), "--rank-run", "--rounds", str(args.rounds), "--hidden",
-            str(args.hidden), "--layers", str(args.layers), "--tokens", str(args.tokens)]
-    procs = [subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(os.environ, RANK=str(r), WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
-                                       MASTER_PORT=str(port), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1",
-                                       PYTHONPATH=os.path.join(ROOT, "python")))
-             for r in range(ranks)]
-    outs = [p.communicate() for p in procs]
-    for p, (_, stderr) in zip(procs, outs):
-        if p.returncode:
-            raise SystemExit(f"a rank failed:\n{stderr[-3000:]}")
-    return json.loads(outs[0][0].strip().splitlines()[-1])
+    return ranks_job.launch(__file__, ranks, ["--rounds", str(args.rounds), "--hidden", str(args.hidden), "--layers", str(args.layers), "--tokens", str(args.tokens)])
 
 
 def main() -> None:

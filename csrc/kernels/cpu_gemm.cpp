@@ -471,24 +471,31 @@ TS_TILE_FN bool any_greater(V x, V y) {
   return any;
 }
 
-// Bit l set where lane l of x is > y (NaN: not set); up to 16 lanes.
-template <class V>
-TS_TILE_FN uint16_t greater_lanes(V x, V y) {
+// Bit l set where lane l of x compares true with lane l of y (NaN: not set), up to 16 lanes:
+// Cmp is kGreater or kAtLeast, the AVX-512 predicates GT_OQ / GE_OQ (one vcmpp into a mask
+// register there; other ISAs: the vector compare, then its lanes gathered into bits).
+constexpr int kGreater = 30, kAtLeast = 29;
+template <int Cmp, class V>
+TS_TILE_FN uint32_t lanes_where(V x, V y) {
+  static_assert(Cmp == kGreater || Cmp == kAtLeast);
+  constexpr int L = sizeof(V) / sizeof(x[0]);
 #if defined(__x86_64__)
-  if constexpr (sizeof(V) == 64 && sizeof(x[0]) == 4) {
+  if constexpr (sizeof(V) == 64 && L == 16) {
     unsigned short k;
-    asm("vcmpps $30, %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y));
+    asm("vcmpps %[c], %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y), [c] "i"(Cmp));
     return k;
   } else if constexpr (sizeof(V) == 64) {
     unsigned char k;
-    asm("vcmppd $30, %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y));
+    asm("vcmppd %[c], %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y), [c] "i"(Cmp));
     return k;
   }
 #endif
-  constexpr int L = sizeof(V) / sizeof(x[0]);
-  const auto m = x > y;
-  uint16_t bits = 0;
-  for (int l = 0; l < L; ++l) bits |= uint16_t(m[l] != 0) << l;
+  const auto m = [&] {
+    if constexpr (Cmp == kGreater) return x > y;
+    else return x >= y;
+  }();
+  uint32_t bits = 0;
+  for (int l = 0; l < L; ++l) bits |= uint32_t(m[l] != 0) << l;
   return bits;
 }
 
@@ -579,7 +586,7 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
           _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) b[j] = load<V>(bp + (s0 + s) * NR + j * L);
           _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
             _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j)
-              masks[i][j][s] = greater_lanes(Term::term(a[i * E], b[j]), thr[i][j]);
+              masks[i][j][s] = lanes_where<kGreater>(Term::term(a[i * E], b[j]), thr[i][j]);
           }
         }
         const uint32_t valid = steps == kSegment ? ~0u : (1u << steps) - 1;
@@ -719,27 +726,6 @@ struct WinnersJob {
   int64_t i_c;
 };
 
-// Bit l set where lane l of x is >= t (NaN: not set).
-template <class V>
-TS_TILE_FN uint32_t ge_bits(V x, V t) {
-  constexpr int L = sizeof(V) / sizeof(x[0]);
-#if defined(__x86_64__)
-  if constexpr (sizeof(V) == 64 && L == 16) {
-    unsigned short k;
-    asm("vcmpps $29, %[t], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [t] "v"(t));  // GE_OQ
-    return k;
-  } else if constexpr (sizeof(V) == 64) {
-    unsigned char k;
-    asm("vcmppd $29, %[t], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [t] "v"(t));
-    return k;
-  }
-#endif
-  const auto m = x >= t;
-  uint32_t bits = 0;
-  for (int l = 0; l < L; ++l) bits |= uint32_t(m[l] != 0) << l;
-  return bits;
-}
-
 // Gives candidate x (>= the list's last score) its slot in the descending
 // list `best` of E scores (strides bs, is), as described above.
 template <class T>
@@ -799,7 +785,7 @@ TS_TILE_FN void run_winners(const WinnersJob<T>& J) {
         uint32_t bits[MR * NV], any = 0;
         _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
           _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
-            bits[i * NV + j] = ge_bits(MaxPlusKernel::term(rows[i][k * J.a_k], b[j]), t[i][j]);
+            bits[i * NV + j] = lanes_where<kAtLeast>(MaxPlusKernel::term(rows[i][k * J.a_k], b[j]), t[i][j]);
             any |= bits[i * NV + j];
           }
         }
