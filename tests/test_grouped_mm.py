@@ -95,7 +95,7 @@ def test_rows_no_group_covers_have_no_path():
 
 def test_moe_experts_of_transformers_take_this_rule():
     transformers = pytest.importorskip("transformers")
-    from test_model_zoo import build, forward, readout
+    from zoo_models import build, forward, readout
 
     model = build("mixtral", "eager")
     x, hidden = forward(model, "mixtral")
