@@ -41,20 +41,6 @@ def build(args):
     return model, x, config
 
 
-def plan(config):
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
-
-    out = {}
-    for i in range(config.num_hidden_layers):
-        for p in ("q_proj", "k_proj", "v_proj"):
-            out[f"model.layers.{i}.self_attn.{p}"] = ColwiseParallel()
-        out[f"model.layers.{i}.self_attn.o_proj"] = RowwiseParallel()
-        for p in ("gate_proj", "up_proj"):
-            out[f"model.layers.{i}.mlp.{p}"] = ColwiseParallel()
-        out[f"model.layers.{i}.mlp.down_proj"] = RowwiseParallel()
-    return out
-
-
 def measure(args) -> dict | None:
     import torch
 
@@ -67,8 +53,11 @@ def measure(args) -> dict | None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import parallelize_module
 
+        from torch_semiring.distributed import llama_tensor_parallel_plan
+
         torch.distributed.init_process_group("gloo")
-        parallelize_module(model, init_device_mesh("cpu", (torch.distributed.get_world_size(),)), plan(config))
+        mesh = init_device_mesh("cpu", (torch.distributed.get_world_size(),))
+        parallelize_module(model, mesh, llama_tensor_parallel_plan(config.num_hidden_layers))
     x = x.clone().requires_grad_()
     out = model(inputs_embeds=x).logits[0, -1]
     seed = torch.ones_like(out)

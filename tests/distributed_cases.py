@@ -218,19 +218,14 @@ def build(model: str, seed: int = 0):
     elif model == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
 
+        from torch_semiring.distributed import llama_tensor_parallel_plan
+
         config = LlamaConfig(vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
                              num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=16,
                              attn_implementation="eager")
         m = LlamaForCausalLM(config)
         x = _randn(g, 1, 5, 16)
-        plan = {}
-        for i in range(config.num_hidden_layers):
-            for p in ("q_proj", "k_proj", "v_proj"):
-                plan[f"model.layers.{i}.self_attn.{p}"] = ColwiseParallel()
-            plan[f"model.layers.{i}.self_attn.o_proj"] = RowwiseParallel()
-            for p in ("gate_proj", "up_proj"):
-                plan[f"model.layers.{i}.mlp.{p}"] = ColwiseParallel()
-            plan[f"model.layers.{i}.mlp.down_proj"] = RowwiseParallel()
+        plan = llama_tensor_parallel_plan(config.num_hidden_layers)
     else:
         raise ValueError(model)
     return m.double(), x, plan

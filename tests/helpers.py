@@ -556,3 +556,22 @@ def score(semiring, weights):
 
 def flat_index(step):
     return int(torch.tensor(step.index).dot(torch.tensor(torch.ones(step.shape).stride()))) if step.shape else 0
+
+
+# ---- the CLI's argument errors (test_paths, test_explain_decoder)
+
+
+def assert_explain_fails(capsys, model: str, out, extra: list, message: str) -> None:
+    """`python -m torch_semiring explain --model MODEL --out OUT EXTRA…` exits with status 2 and one
+    line on stderr matching `message` (no traceback): a bad argument, refused before any work."""
+    import re
+
+    import pytest
+
+    from torch_semiring.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["explain", "--model", model, "--out", str(out), *extra])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert re.search(message, err) and err.count("\n") == 1 and "Traceback" not in err, err

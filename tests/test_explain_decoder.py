@@ -5,13 +5,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
-import re
 
 import pytest
 import torch
 
 import torch_semiring as ts
-from helpers import VOCAB, tiny
+from helpers import VOCAB, assert_explain_fails, tiny
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +88,8 @@ def test_explain_decoder_default_target_is_the_greedy_next_token(tiny_llama_fold
 
 
 def test_explain_decoder_argument_errors(tiny_llama_folder, tmp_path, capsys):
-    from torch_semiring.__main__ import main
-
     def fails(extra, message, model=tiny_llama_folder):
-        with pytest.raises(SystemExit) as exited:
-            main(["explain", "--model", model, "--out", str(tmp_path / "out"), *extra])
-        assert exited.value.code == 2
-        err = capsys.readouterr().err
-        assert re.search(message, err) and err.count("\n") == 1 and "Traceback" not in err, err
+        assert_explain_fails(capsys, model, tmp_path / "out", extra, message)
 
     fails(["--other", "a dog"], "--other is for sentence encoders")
     fails(["--target", ""], "--target is empty")

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 
 import pytest
 import torch
 
 import torch_semiring as ts
-from helpers import all_paths, attention_by_hand, flat_index, mlp3, pointwise_broadcast, score, tiny
+from helpers import all_paths, assert_explain_fails, attention_by_hand, flat_index, mlp3, pointwise_broadcast, score, tiny
 
 D = torch.float64
 
@@ -222,11 +221,7 @@ def test_explain_cli_errors(tiny_model_folder, tmp_path, capsys):
     from torch_semiring.__main__ import main
 
     def fails(extra, message, model=tiny_model_folder):
-        with pytest.raises(SystemExit) as exited:
-            main(["explain", "--model", model, "--out", str(tmp_path / "out"), *extra])
-        assert exited.value.code == 2
-        err = capsys.readouterr().err
-        assert re.search(message, err) and err.count("\n") == 1 and "Traceback" not in err, err
+        assert_explain_fails(capsys, model, tmp_path / "out", extra, message)
 
     fails([], "unknown model 'nope'", model="nope")
     (tmp_path / "empty").mkdir()

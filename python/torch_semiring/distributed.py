@@ -357,6 +357,32 @@ def register() -> None:
 # ---- sharded datasets ---------------------------------------------------------------------------
 
 
+def llama_tensor_parallel_plan(num_layers: int) -> dict:
+    """The Megatron-style tensor-parallel plan of a Hugging Face Llama model, for ``parallelize_module``.
+
+    Attention's q/k/v projections and the MLP's gate/up projections are split by output column
+    (``ColwiseParallel``), ``o_proj`` and ``down_proj`` by input row (``RowwiseParallel``), so each
+    block needs one all-reduce forward and one backward (the tests and benchmarks/tp_backward.py run it).
+
+    Args:
+        num_layers: the model's ``config.num_hidden_layers``.
+
+    Returns:
+        ``{module name: ParallelStyle}`` for ``torch.distributed.tensor.parallel.parallelize_module``.
+    """
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    plan = {}
+    for i in range(num_layers):
+        for p in ("q_proj", "k_proj", "v_proj"):
+            plan[f"model.layers.{i}.self_attn.{p}"] = ColwiseParallel()
+        plan[f"model.layers.{i}.self_attn.o_proj"] = RowwiseParallel()
+        for p in ("gate_proj", "up_proj"):
+            plan[f"model.layers.{i}.mlp.{p}"] = ColwiseParallel()
+        plan[f"model.layers.{i}.mlp.down_proj"] = RowwiseParallel()
+    return plan
+
+
 def join_torchrun_job() -> bool:
     """Initialises the process group of the ``torchrun`` job this process is a rank of (WORLD_SIZE > 1
     in the environment, no group yet) on gloo — the examples' results travel as Python objects through
