@@ -72,10 +72,19 @@ def rows_of(kind, R, N, g):
 ROW_KINDS = ["random", "ties", "zero_weights", "near_sign_change", "zeros", "outliers", "layer_norm"]
 
 
+@pytest.fixture(params=["direct", "sorted"])
+def norm_pass(request, monkeypatch):
+    """Both schemes of the sum family (abs, count, log): the direct pair pass
+    (rows up to 512 elements) and the sorted range sums (longer rows), forced
+    through TORCH_SEMIRING_NORM_PASS whatever the row length."""
+    monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", request.param)
+    return request.param
+
+
 @pytest.mark.parametrize("semiring", KERNEL_SEMIRINGS)
 @pytest.mark.parametrize("kind", ROW_KINDS)
 @pytest.mark.parametrize("N", [1, 2, 3, 8, 33, 150])
-def test_kernel_equals_block_version(semiring, kind, N):
+def test_kernel_equals_block_version(semiring, kind, N, norm_pass):
     sr = make(semiring)
     g = torch.Generator().manual_seed(zlib.crc32(f"{semiring}/{kind}/{N}".encode()))
     R = 4
@@ -108,7 +117,7 @@ def test_kmax_rows_every_instruction_set(kind, isa):
 
 
 @pytest.mark.parametrize("semiring", ["log", "entropy", "viterbi", "kmax"])
-def test_log_space_rows_spanning_thousands_of_nats(semiring):
+def test_log_space_rows_spanning_thousands_of_nats(semiring, norm_pass):
     # exp(a − max) underflows to 0 for most of the row; outputs whose mass is
     # all below the float64 range are recomputed in log space
     sr = make(semiring)
@@ -126,7 +135,7 @@ def test_log_space_rows_spanning_thousands_of_nats(semiring):
 
 
 @pytest.mark.parametrize("semiring", KERNEL_SEMIRINGS)
-def test_float32_rows(semiring):
+def test_float32_rows(semiring, norm_pass):
     sr = make(semiring)
     g = torch.Generator().manual_seed(11)
     x = F.layer_norm(torch.randn(6, 384, generator=g, dtype=D), (384,))
@@ -139,13 +148,17 @@ def test_float32_rows(semiring):
     torch.testing.assert_close(got[finite], want[finite], rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("semiring", ["entropy", "abs", "count", "log"])
 @pytest.mark.parametrize("kind", ROW_KINDS)
-def test_entropy_float32_rows_every_instruction_set(kind, isa):
-    # the float φ pass (a table log where a vector holds 8 or 16 floats, the
-    # polynomial one elsewhere) against the float64 block version: |1 + x_i x_j|
-    # at and near 0 and 1 (zero weights, sign changes, x = 0), ties, outliers
-    sr = make("entropy")
-    g = torch.Generator().manual_seed(zlib.crc32(f"entropy-isa/{kind}".encode()))
+def test_float32_pair_pass_every_instruction_set(semiring, kind, isa, monkeypatch):
+    # the float direct pair pass — entropy's φ (a table log where a vector
+    # holds 8 or 16 floats, the polynomial one elsewhere), the |y| and [y ≠ 0]
+    # sums of abs, count and log — against the float64 block version:
+    # |1 + x_i x_j| at and near 0 and 1 (zero weights, sign changes, x = 0),
+    # ties, outliers
+    monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", "direct")
+    sr = make(semiring)
+    g = torch.Generator().manual_seed(zlib.crc32(f"{semiring}-isa/{kind}".encode()))
     x = rows_of(kind, 4, 97, g)
     if kind == "layer_norm":
         x = x * torch.tensor([0.01, 1.0, 30.0, 1.0], dtype=D)[:, None]  # 1 + x_i x_j near 1 / spread wide
@@ -157,7 +170,14 @@ def test_entropy_float32_rows_every_instruction_set(kind, isa):
         finite = torch.isfinite(want)
         assert torch.equal(finite, torch.isfinite(got))
         torch.testing.assert_close(got[finite], want[finite], rtol=2e-4, atol=2e-4,
-                                   msg=lambda m: f"entropy/{kind}/{isa}/spread {spread}: {m}")
+                                   msg=lambda m: f"{semiring}/{kind}/{isa}/spread {spread}: {m}")
+
+
+def test_norm_pass_setting_is_checked(monkeypatch):
+    monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", "fast")
+    x = torch.randn(2, 5, dtype=D)
+    with pytest.raises(RuntimeError, match="TORCH_SEMIRING_NORM_PASS=fast is not a scheme: use direct, sorted or auto"):
+        make("abs").norm_offdiagonal(torch.rand(1, 2, 5, dtype=D), x)
 
 
 def test_kernels_decline_what_they_cannot_reproduce():
@@ -258,7 +278,7 @@ def test_batch_norm_training_on_large_channels():
 
 
 @pytest.mark.parametrize("semiring", ["abs", "count"])
-def test_infinite_sums(semiring):
+def test_infinite_sums(semiring, norm_pass):
     # counts (and Z) beyond the dtype's range are +inf: an existing edge from
     # such an element makes the sum +inf, a missing one (1 + x_i x_j = 0, or
     # i = j) does not — where the block version multiplies inf by 0 (NaN)

@@ -9,7 +9,8 @@
 // functions are all internal.
 #pragma GCC diagnostic ignored "-Wpsabi"
 // No fused multiply-adds: 1 + x·t is rounded as the generic path rounds it
-// (one_plus), also inside the FMA-enabled vector functions.
+// (one_plus), also inside the FMA-enabled vector functions — but for the float
+// lanes of the direct pair pass, which round it once (one_plus_exact).
 #pragma GCC optimize("fp-contract=off")
 
 #include <ATen/Parallel.h>
@@ -125,8 +126,13 @@ struct WindowSums {
     for (int s = 0; s < S; ++s) back[s] = 0;
   }
   void advance(int64_t new_l, int64_t new_r) {
-    for (; R < new_r; ++R)
-      for (int s = 0; s < S; ++s) back[s] += v[R * S + s];
+    if (R < new_r) {  // sums in locals: `back` may alias v for the compiler (a store and reload per term)
+      double b[S];
+      for (int s = 0; s < S; ++s) b[s] = back[s];
+      for (; R < new_r; ++R)
+        for (int s = 0; s < S; ++s) b[s] += v[R * S + s];
+      for (int s = 0; s < S; ++s) back[s] = b[s];
+    }
     if (new_l > m) {  // the front ran out: the back's elements become the front
       double acc[S] = {};
       for (int64_t i = R - 1; i >= m; --i)
@@ -153,6 +159,7 @@ struct SumRow {
   WindowSums<S> window;
   std::vector<int32_t> order;
   std::vector<double> xs, series, prefix, suffix;  // series [k·S + s], prefix/suffix [k·S + s] over [0, k) / [k, n)
+  std::vector<double> below, above;                // per query k: θ ∓ kWindow·|θ|, θ = −1/x_k (see bounds)
 
   void run(const double* x, int64_t n, const double* const* w, double* const* out, bool nonzero) {
     order.resize(n), xs.resize(n), series.resize(n * S), prefix.resize((n + 1) * S), suffix.resize((n + 1) * S);
@@ -162,11 +169,15 @@ struct SumRow {
       xs[k] = x[i];
       for (int v = 0; v < W; ++v) series[k * S + 2 * v] = w[v][i], series[k * S + 2 * v + 1] = w[v][i] * x[i];
     }
-    for (int s = 0; s < S; ++s) prefix[s] = 0, suffix[n * S + s] = 0;
-    for (int64_t k = 0; k < n; ++k)
-      for (int s = 0; s < S; ++s) prefix[(k + 1) * S + s] = prefix[k * S + s] + series[k * S + s];
-    for (int64_t k = n - 1; k >= 0; --k)
-      for (int s = 0; s < S; ++s) suffix[k * S + s] = suffix[(k + 1) * S + s] + series[k * S + s];
+    {  // running sums in registers (reading back the entry just stored costs a store-to-load latency per term)
+      double acc[S] = {};
+      for (int s = 0; s < S; ++s) prefix[s] = 0;
+      for (int64_t k = 0; k < n; ++k)
+        for (int s = 0; s < S; ++s) prefix[(k + 1) * S + s] = acc[s] += series[k * S + s];
+      for (int s = 0; s < S; ++s) acc[s] = 0, suffix[n * S + s] = 0;
+      for (int64_t k = n - 1; k >= 0; --k)
+        for (int s = 0; s < S; ++s) suffix[k * S + s] = acc[s] += series[k * S + s];
+    }
     const int64_t first_zero = std::lower_bound(xs.begin(), xs.end(), 0.0) - xs.begin();
     const int64_t first_positive = std::upper_bound(xs.begin(), xs.end(), 0.0) - xs.begin();
     // x = 0: every weight is 1 + 0 = 1.
@@ -174,11 +185,17 @@ struct SumRow {
       for (int v = 0; v < W; ++v) out[v][order[k]] = prefix[k * S + 2 * v] + suffix[(k + 1) * S + 2 * v];
     // 1 + x t changes sign at x = θ = −1/t; [lo, hi) holds the x within a
     // relative kWindow of θ (|1 + x t| ≲ kWindow there), summed term by term.
-    auto bounds = [&](double t, int64_t& lo, int64_t& hi) {
-      const double theta = -1.0 / t, reach = kWindow * std::abs(theta);
-      while (lo < n && xs[lo] < theta - reach) ++lo;
+    // The window edges of every query first, in one loop without a dependency
+    // (vectorised divisions), so the scans below do not wait on a division.
+    below.resize(n), above.resize(n);
+    for (int64_t k = 0; k < n; ++k) {
+      const double theta = -1.0 / xs[k], reach = kWindow * std::abs(theta);
+      below[k] = theta - reach, above[k] = theta + reach;
+    }
+    auto bounds = [&](int64_t k, int64_t& lo, int64_t& hi) {
+      while (lo < n && xs[lo] < below[k]) ++lo;
       if (hi < lo) hi = lo;
-      while (hi < n && xs[hi] <= theta + reach) ++hi;
+      while (hi < n && xs[hi] <= above[k]) ++hi;
     };
     auto finish = [&](int64_t k, double t, int64_t lo, int64_t hi, const double* pos, const double* neg) {
       for (int v = 0; v < W; ++v) {
@@ -198,7 +215,7 @@ struct SumRow {
     window.reset(series.data(), n, 1);
     for (int64_t k = 0; k < first_zero; ++k) {
       const double t = xs[k];
-      bounds(t, lo, hi);
+      bounds(k, lo, hi);
       window.advance(k + 1, std::max(lo, k + 1));  // (k, lo): j itself is positive, so lo > k
       for (int s = 0; s < S; ++s) pos[s] = prefix[k * S + s] + window.sum(s), neg[s] = suffix[hi * S + s];
       finish(k, t, lo, hi, pos, neg);
@@ -208,7 +225,7 @@ struct SumRow {
     window.reset(series.data(), n, 0);
     for (int64_t k = first_positive; k < n; ++k) {
       const double t = xs[k];
-      bounds(t, lo, hi);
+      bounds(k, lo, hi);
       window.advance(std::min(hi, k), k);  // [hi, k): j itself is positive, so hi ≤ k
       for (int s = 0; s < S; ++s) pos[s] = window.sum(s) + suffix[(k + 1) * S + s], neg[s] = prefix[lo * S + s];
       finish(k, t, lo, hi, pos, neg);
@@ -216,23 +233,35 @@ struct SumRow {
   }
 };
 
-// ---- Σ_{i≠j} w_i φ(1 + x_i x_j), φ(y) = |y| log|y|: direct and symmetric -----
+// ---- Σ_{i≠j} w_i·term(1 + x_i x_j) directly, for terms of |y| ---------------
 
-// The φ pass may contract multiply-adds into FMAs (its 1 + x·t is protected
-// explicitly, see phi_row_impl).
+// The direct pair pass: out_s[j] = Σ_{i≠j} w_s[i]·term_s(y_ij), y = 1 + x_i x_j,
+// for S series s at once, with term_s a function of |y| — |y| (abs, log),
+// [y ≠ 0] (count), φ(y) = |y| log|y| (entropy). Such terms are symmetric
+// (term_ij = term_ji), so one pass over the pairs i < j adds w_s[i]·term to
+// out_s[j] and w_s[j]·term to out_s[i]: N(N−1)/2 terms, vectorised over j, the
+// block never stored. O(N²/L) vector steps per row: against the sorted sums'
+// O(N log N) it wins below ~600 elements (kDirectMaxSums), and it is the only
+// scheme for φ, which separates in no way. Bound by vector throughput (the row
+// stays in L1: no cache blocking pays; blocking 2–4 rows of the φ pass
+// measured no gain). Run in the graph's precision (float rows: float lanes,
+// twice as many), with no cancellation: a sum of non-negative terms.
+//
+// The pass may contract multiply-adds into FMAs (its 1 + x·t is rounded
+// explicitly: one_plus, one_plus_exact).
 #pragma GCC push_options
 #pragma GCC optimize("fp-contract=fast")
 
 // vector_log_normal: one comparison feeding one select, which GCC keeps
-// vectorised when the baseline-ISA helper is inlined into phi_row's targets.
+// vectorised when the baseline-ISA helper is inlined into the pass's targets.
 #include "kernels/vector_math.h"
 using vmath::Vec;
 using vmath::vector_log_normal;
 
-// x, w and F hold kPhiPad entries past n, x and w zero there: a pad term is
-// w·φ(1 + 0·t) = 0·φ(1) = 0, so the last vector of each i may run past n
-// instead of a scalar tail (a scalar log per leftover term: ~30 % of the pass).
-constexpr int64_t kPhiPad = 16;
+// x, every w and every out hold kPairPad entries past n, x and w zero there: a
+// pad term is 0·term(1 + 0·t) = 0, so the last vector of each i may run past n
+// instead of a scalar tail (a scalar log per leftover term: ~30 % of the φ pass).
+constexpr int64_t kPairPad = 16;
 
 // log of positive normal float lanes by a 16-entry table, for the float φ
 // pass (the graph's precision): z = 2^-k·a brought into [0.6875, 1.375)
@@ -289,69 +318,256 @@ inline __attribute__((always_inline)) V log_by_table(V a) {
   return kf * 0.693145751953125f + (lookup16<V>(kLogC, idx) + (series + kf * 1.4286068203094173e-06f));
 }
 
+// 1 + x·t of float lanes rounded once, so 0 exactly where x·t = −1: the
+// product of two floats is exact in double, so this is where the float64
+// arithmetic on the same values (the old double kernels, the reference) has
+// its zero weights — where one_plus in float would also zero weights of size
+// ~1e-8 (a product rounded to −1), an edge that count would lose. One FMA in
+// the AVX-512 and AVX2 targets; double lanes in the baseline's (no FMA there).
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"))) inline Vec<float, 64>::type one_plus_exact(
+    Vec<float, 64>::type x, Vec<float, 64>::type t) {
+  return (Vec<float, 64>::type)_mm512_fmadd_ps((__m512)x, (__m512)t, _mm512_set1_ps(1.0f));
+}
+__attribute__((target("avx2,fma"))) inline Vec<float, 32>::type one_plus_exact(Vec<float, 32>::type x,
+                                                                               Vec<float, 32>::type t) {
+  return (Vec<float, 32>::type)_mm256_fmadd_ps((__m256)x, (__m256)t, _mm256_set1_ps(1.0f));
+}
+#endif
+inline Vec<float, 16>::type one_plus_exact(Vec<float, 16>::type x, Vec<float, 16>::type t) {
+  using D = Vec<double, 32>::type;
+  const D y = __builtin_convertvector(x, D) * __builtin_convertvector(t, D) + 1.0;  // exact product, one rounding
+  return __builtin_convertvector(y, Vec<float, 16>::type);
+}
+
 template <class T, class V>
-inline __attribute__((always_inline)) void phi_row_impl(const T* x, const T* w, T* F, int64_t n) {
-  constexpr int L = sizeof(V) / sizeof(T);
-  static_assert(L <= kPhiPad, "the pad must cover a vector");
+inline __attribute__((always_inline)) V abs_lanes(V y) {
   using IV = typename Vec<LaneInt<T>, sizeof(V)>::type;
-  for (int64_t j = 0; j < n + kPhiPad; ++j) F[j] = 0;
+  return (V)((IV)y & std::numeric_limits<LaneInt<T>>::max());  // clear the sign bit
+}
+// The terms of one pass: S series, eval(y, term) fills term[0..S).
+struct AbsTerm {  // |y|: abs, and log's linear-space sums
+  static constexpr int S = 1;
+  template <class T, class V>
+  static inline __attribute__((always_inline)) void eval(V y, V* term) {
+    term[0] = abs_lanes<T>(y);
+  }
+};
+struct NonzeroTerm {  // [y ≠ 0]: count
+  static constexpr int S = 1;
+  template <class T, class V>
+  static inline __attribute__((always_inline)) void eval(V y, V* term) {
+    using IV = typename Vec<LaneInt<T>, sizeof(V)>::type;
+    term[0] = (V)((y != 0) & (IV)(V{} + T(1)));
+  }
+};
+// φ(y) = |y| log|y| of a = |y|. y = 0 (no edge): both logs read the zero
+// exponent as 2^-bias (a finite value), so φ = 0·finite = 0 with no mask.
+template <class T, class V>
+inline __attribute__((always_inline)) V phi_lanes(V a) {
+  if constexpr (sizeof(T) == 4 && sizeof(V) / sizeof(T) >= 8) return a * log_by_table(a);
+  else return a * vector_log_normal<T, V>(a);
+}
+struct PhiTerm {  // φ(y): entropy's Σ w φ(y), beside the sorted sums for Z and Σ w h |y|
+  static constexpr int S = 1;
+  template <class T, class V>
+  static inline __attribute__((always_inline)) void eval(V y, V* term) {
+    term[0] = phi_lanes<T>(abs_lanes<T>(y));
+  }
+};
+// The sum of a vector's lanes by halves (log2 L dependent adds, not L).
+template <class T, class V>
+inline __attribute__((always_inline)) T lanes_sum(V v) {
+  if constexpr (sizeof(V) == 2 * sizeof(T)) {
+    return v[0] + v[1];
+  } else {
+    using H = typename Vec<T, sizeof(V) / 2>::type;
+    H lo, hi;
+    std::memcpy(&lo, &v, sizeof(H));
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(H), sizeof(H));
+    return lanes_sum<T>(lo + hi);
+  }
+}
+
+template <class T, class V, class Terms>
+inline __attribute__((always_inline)) void pair_pass_impl(const T* x, const T* const* w_rows, T* const* out_rows,
+                                                          int64_t n) {
+  constexpr int L = sizeof(V) / sizeof(T), S = Terms::S;
+  static_assert(L <= kPairPad, "the pad must cover a vector");
+  const T* w[S];
+  T* out[S];  // in locals: not reloaded after every store (the build may not assume strict aliasing)
+  for (int s = 0; s < S; ++s) w[s] = w_rows[s], out[s] = out_rows[s], std::fill(out[s], out[s] + n + kPairPad, T(0));
   for (int64_t i = 0; i < n; ++i) {
-    const T xi = x[i], wi = w[i];
-    V acc = V{};
+    const V xi = V{} + x[i];
+    T wi[S];
+    V acc[S];
+    for (int s = 0; s < S; ++s) wi[s] = w[s][i], acc[s] = V{};
     for (int64_t j = i + 1; j < n; j += L) {
-      V xj, wj, Fj;
-      std::memcpy(&xj, x + j, sizeof(V));
-      std::memcpy(&wj, w + j, sizeof(V));
-      std::memcpy(&Fj, F + j, sizeof(V));
-      const V y = one_plus(xj, V{} + xi);  // vectors: the same rounding as every scalar 1 + x·t
-      const V a = (V)((IV)y & std::numeric_limits<LaneInt<T>>::max());  // |y|: clear the sign bit
-      // y = 0 (no edge): both logs read the zero exponent as 2^-bias (a
-      // finite value), so φ = 0·finite = 0 with no mask.
-      V log_a;
-      if constexpr (sizeof(T) == 4 && L >= 8) log_a = log_by_table(a);
-      else log_a = vector_log_normal<T, V>(a);
-      const V p = a * log_a;
-      Fj += wi * p;
-      acc += wj * p;
-      std::memcpy(F + j, &Fj, sizeof(V));
+      V term[S];
+      // double lanes: the generic path's rounding of 1 + x·t (one_plus); float lanes: rounded once
+      if constexpr (sizeof(T) == 4) Terms::template eval<T, V>(one_plus_exact(load<V>(x + j), xi), term);
+      else Terms::template eval<T, V>(one_plus(load<V>(x + j), xi), term);
+      for (int s = 0; s < S; ++s) {
+        store(out[s] + j, load<V>(out[s] + j) + wi[s] * term[s]);
+        acc[s] += load<V>(w[s] + j) * term[s];
+      }
     }
-    T total = 0;
-    for (int l = 0; l < L; ++l) total += acc[l];
-    F[i] += total;
+    for (int s = 0; s < S; ++s) out[s][i] += lanes_sum<T>(acc[s]);
   }
 }
 
 #if defined(__x86_64__) || defined(__i386__)
-template <class T>
-__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void phi_row_avx512(
-    const T* x, const T* w, T* F, int64_t n) {
-  phi_row_impl<T, typename Vec<T, 64>::type>(x, w, F, n);
+template <class T, class Terms>
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void pair_pass_avx512(
+    const T* x, const T* const* w, T* const* out, int64_t n) {
+  pair_pass_impl<T, typename Vec<T, 64>::type, Terms>(x, w, out, n);
 }
-template <class T>
-__attribute__((target("avx2,fma"), flatten)) void phi_row_avx2(const T* x, const T* w, T* F, int64_t n) {
-  phi_row_impl<T, typename Vec<T, 32>::type>(x, w, F, n);
+template <class T, class Terms>
+__attribute__((target("avx2,fma"), flatten)) void pair_pass_avx2(const T* x, const T* const* w, T* const* out,
+                                                                 int64_t n) {
+  pair_pass_impl<T, typename Vec<T, 32>::type, Terms>(x, w, out, n);
 }
 #endif
-template <class T>
-__attribute__((flatten)) void phi_row_portable(const T* x, const T* w, T* F, int64_t n) {
-  phi_row_impl<T, typename Vec<T, 16>::type>(x, w, F, n);
+template <class T, class Terms>
+__attribute__((flatten)) void pair_pass_portable(const T* x, const T* const* w, T* const* out, int64_t n) {
+  pair_pass_impl<T, typename Vec<T, 16>::type, Terms>(x, w, out, n);
 }
 
 #pragma GCC pop_options
 
-// The φ pass for this machine's instruction set (TORCH_SEMIRING_KERNEL_ISA
+// The pair pass for this machine's instruction set (TORCH_SEMIRING_KERNEL_ISA
 // lowers it, as for the GEMM kernels).
-template <class T>
-using PhiRow = void (*)(const T*, const T*, T*, int64_t);
-template <class T>
-PhiRow<T> pick_phi_row() {
+template <class T, class Terms>
+auto pick_pair_pass() -> void (*)(const T*, const T* const*, T* const*, int64_t) {
   const std::string isa = kernel_isa();
 #if defined(__x86_64__) || defined(__i386__)
-  if (isa == "avx512") return &phi_row_avx512<T>;
-  if (isa == "avx2") return &phi_row_avx2<T>;
+  if (isa == "avx512") return &pair_pass_avx512<T, Terms>;
+  if (isa == "avx2") return &pair_pass_avx2<T, Terms>;
 #endif
-  return &phi_row_portable<T>;
+  return &pair_pass_portable<T, Terms>;
 }
+
+// ---- the direct pass or the sorted sums, per row --------------------------------
+
+// Rows of at most kDirectMaxSums elements take the direct pair pass for abs,
+// count and log, longer ones the sorted range sums (SumRow), by their measured
+// cost per row (whole kernel call, float32, AVX-512, one core, best of 5):
+//   N = 384: direct 10.7 µs, sorted 14.5;  768: 34.6 / 31.2;  1024: 73 / 37.
+// (Entropy keeps the sorted sums for Z and Σ w h |y| at every N: folding them
+// into its φ pass as two more series measured no faster at N = 384 — 55.6 vs
+// 56.0 µs — and slower above.) TORCH_SEMIRING_NORM_PASS=direct|sorted forces
+// one scheme (tests cover both; read per call, a getenv is cheap next to a row).
+constexpr int64_t kDirectMaxSums = 512;
+bool direct_pays(int64_t n) {
+  if (const char* forced = std::getenv("TORCH_SEMIRING_NORM_PASS")) {
+    const std::string f = forced;
+    if (f == "direct") return true;
+    if (f == "sorted") return false;
+    TORCH_CHECK(f.empty() || f == "auto", "TORCH_SEMIRING_NORM_PASS=", f,
+                " is not a scheme: use direct, sorted or auto (unset: by row length)");
+  }
+  return n <= kDirectMaxSums;
+}
+
+// Log-space callers shift by the row maximum into linear space; before the
+// direct pass they drop weights below kFlush (T's lanes), so every product of a
+// kept weight and a nonzero term (|y| ≥ 2^-24 in float, 2^-53 in double, where
+// y ≠ 0) is a normal number — no subnormal slow path — and they recompute
+// exactly any output whose sum is below kGuard·N·(1 + max|x|·|t|), which
+// bounds what the dropped weights could have added relative to it (< 1e-8
+// float, < 1e-19 double).
+template <class T>
+struct DirectRange;
+template <>
+struct DirectRange<float> {
+  static constexpr double kFlush = 0x1p-100, kGuard = 1e-22;
+};
+template <>
+struct DirectRange<double> {
+  static constexpr double kFlush = 0x1p-960, kGuard = 1e-270;
+};
+
+// One row through the direct pair pass in the graph's precision (single:
+// float lanes): x and the weights as the rows hold them (float64), out in float64.
+template <class Terms>
+void direct_row(bool single, const double* x, const double* const* w, double* const* out, int64_t n) {
+  constexpr int S = Terms::S;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    thread_local std::vector<T> xs, ws[S], os[S];
+    const T* wp[S];
+    T* op[S];
+    xs.assign(n + kPairPad, T(0));
+    for (int64_t i = 0; i < n; ++i) xs[i] = T(x[i]);
+    for (int s = 0; s < S; ++s) {
+      ws[s].assign(n + kPairPad, T(0)), os[s].resize(n + kPairPad);
+      for (int64_t i = 0; i < n; ++i) ws[s][i] = T(w[s][i]);
+      wp[s] = ws[s].data(), op[s] = os[s].data();
+    }
+    pick_pair_pass<T, Terms>()(xs.data(), wp, op, n);
+    for (int s = 0; s < S; ++s)
+      for (int64_t i = 0; i < n; ++i) out[s][i] = double(os[s][i]);
+  };
+  if (single) run(float{});
+  else run(double{});
+}
+
+// ---- one vectorised pass per instruction set ----------------------------------
+
+// A pass is a struct with an Args type and `template <class V> static void
+// run(const Args&)`, V the vector of doubles it works in. pass_for_isa<Pass>()
+// returns it compiled for this machine's widest vectors (AVX-512, AVX2, or the
+// baseline's 16 bytes); TORCH_SEMIRING_KERNEL_ISA lowers the choice, as for the
+// GEMM kernels. Picked per call: the variable may change between calls.
+template <class Pass>
+using PassFn = void (*)(const typename Pass::Args&);
+#if defined(__x86_64__) || defined(__i386__)
+template <class Pass>
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void pass_avx512(
+    const typename Pass::Args& args) {
+  Pass::template run<Vec<double, 64>::type>(args);
+}
+template <class Pass>
+__attribute__((target("avx2,fma"), flatten)) void pass_avx2(const typename Pass::Args& args) {
+  Pass::template run<Vec<double, 32>::type>(args);
+}
+#endif
+template <class Pass>
+__attribute__((flatten)) void pass_portable(const typename Pass::Args& args) {
+  Pass::template run<Vec<double, 16>::type>(args);
+}
+template <class Pass>
+PassFn<Pass> pass_for_isa() {
+  const std::string isa = kernel_isa();
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa == "avx512") return &pass_avx512<Pass>;
+  if (isa == "avx2") return &pass_avx2<Pass>;
+#endif
+  return &pass_portable<Pass>;
+}
+constexpr int64_t kVectorPad = 8;  // arrays a pass reads in vectors are padded to a multiple of this (the widest)
+
+// Bit l set where lane l of v is above thr (false for NaN): one compare and a
+// mask move. (Written with intrinsics: GCC turns the vector-extension form of
+// comparison-to-bitmask into per-lane extracts here.)
+#if defined(__x86_64__) || defined(__i386__)
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"))) inline unsigned lanes_above(Vec<double, 64>::type v, double thr) {
+  return _mm512_cmp_pd_mask((__m512d)v, _mm512_set1_pd(thr), _CMP_GT_OQ);
+}
+__attribute__((target("avx2,fma"))) inline unsigned lanes_above(Vec<double, 32>::type v, double thr) {
+  return unsigned(_mm256_movemask_pd(_mm256_cmp_pd((__m256d)v, _mm256_set1_pd(thr), _CMP_GT_OQ)));
+}
+inline unsigned lanes_above(Vec<double, 16>::type v, double thr) {
+  return unsigned(_mm_movemask_pd(_mm_cmpgt_pd((__m128d)v, _mm_set1_pd(thr))));
+}
+#else
+template <class V>
+inline unsigned lanes_above(V v, double thr) {
+  unsigned m = 0;
+  for (int l = 0; l < int(sizeof(V) / sizeof(double)); ++l) m |= unsigned(v[l] > thr) << l;
+  return m;
+}
+#endif
 
 // ---- the best of a few lines at every query, vectorised -------------------------
 
@@ -359,51 +575,32 @@ PhiRow<T> pick_phi_row() {
 // o_h (as a double; the first line wins ties, so lines come in owner order).
 // Queries in vectors (x padded to whole vectors), lines in the inner loop:
 // O(N·H) with no branch and no memory traffic per line.
-template <class V>
-inline __attribute__((always_inline)) void best_lines_impl(const double* t, int64_t n, const double* a,
-                                                          const double* xo, const double* owner, int64_t H,
-                                                          double* best, double* who) {
-  constexpr int L = sizeof(V) / sizeof(double);
-  for (int64_t j = 0; j < n; j += L) {
-    V tj;
-    std::memcpy(&tj, t + j, sizeof(V));
-    V b = V{} - kInf, w = V{} - 1.0;
-    for (int64_t h = 0; h < H; ++h) {
-      const V v = a[h] * one_plus(V{} + xo[h], tj);
-      const auto take = v > b;
-      b = take ? v : b;
-      w = take ? V{} + owner[h] : w;
+struct BestLines {
+  struct Args {
+    const double* t;  // queries, n a multiple of kVectorPad
+    int64_t n;
+    const double *a, *xo, *owner;
+    int64_t H;
+    double *best, *who;
+  };
+  template <class V>
+  static inline __attribute__((always_inline)) void run(const Args& p) {
+    constexpr int L = sizeof(V) / sizeof(double);
+    for (int64_t j = 0; j < p.n; j += L) {
+      V tj;
+      std::memcpy(&tj, p.t + j, sizeof(V));
+      V b = V{} - kInf, w = V{} - 1.0;
+      for (int64_t h = 0; h < p.H; ++h) {
+        const V v = p.a[h] * one_plus(V{} + p.xo[h], tj);
+        const auto take = v > b;
+        b = take ? v : b;
+        w = take ? V{} + p.owner[h] : w;
+      }
+      std::memcpy(p.best + j, &b, sizeof(V));
+      std::memcpy(p.who + j, &w, sizeof(V));
     }
-    std::memcpy(best + j, &b, sizeof(V));
-    std::memcpy(who + j, &w, sizeof(V));
   }
-}
-constexpr int64_t kLinesPad = 8;  // queries are padded to a multiple of this (the widest vector)
-#if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void best_lines_avx512(
-    const double* t, int64_t n, const double* a, const double* xo, const double* o, int64_t H, double* b, double* w) {
-  best_lines_impl<Vec<double, 64>::type>(t, n, a, xo, o, H, b, w);
-}
-__attribute__((target("avx2,fma"), flatten)) void best_lines_avx2(const double* t, int64_t n, const double* a,
-                                                                  const double* xo, const double* o, int64_t H,
-                                                                  double* b, double* w) {
-  best_lines_impl<Vec<double, 32>::type>(t, n, a, xo, o, H, b, w);
-}
-#endif
-__attribute__((flatten)) void best_lines_portable(const double* t, int64_t n, const double* a, const double* xo,
-                                                   const double* o, int64_t H, double* b, double* w) {
-  best_lines_impl<Vec<double, 16>::type>(t, n, a, xo, o, H, b, w);
-}
-using BestLines = void (*)(const double*, int64_t, const double*, const double*, const double*, int64_t, double*,
-                           double*);
-BestLines pick_best_lines() {
-  const std::string isa = kernel_isa();
-#if defined(__x86_64__) || defined(__i386__)
-  if (isa == "avx512") return &best_lines_avx512;
-  if (isa == "avx2") return &best_lines_avx2;
-#endif
-  return &best_lines_portable;
-}
+};
 
 // ---- the envelope family ------------------------------------------------------
 
@@ -606,7 +803,7 @@ struct EnvelopeRow {
     // values is the smallest owner, as in direct().
     std::sort(hull_lines.begin(), hull_lines.end(),
               [&](int32_t p, int32_t q) { return lines[p].owner < lines[q].owner; });
-    const int64_t H = int64_t(hull_lines.size()), padded = (n + kLinesPad - 1) / kLinesPad * kLinesPad;
+    const int64_t H = int64_t(hull_lines.size()), padded = (n + kVectorPad - 1) / kVectorPad * kVectorPad;
     line_a.resize(H), line_x.resize(H), line_owner.resize(H);
     for (int64_t h = 0; h < H; ++h) {
       const Line& l = lines[hull_lines[h]];
@@ -614,9 +811,8 @@ struct EnvelopeRow {
     }
     queries.assign(padded, 0.0), best.resize(padded), best_owner.resize(padded);
     std::copy(x, x + n, queries.begin());
-    const BestLines best_lines = pick_best_lines();  // per row: TORCH_SEMIRING_KERNEL_ISA may change
-    best_lines(queries.data(), padded, line_a.data(), line_x.data(), line_owner.data(), H, best.data(),
-               best_owner.data());
+    pass_for_isa<BestLines>()({queries.data(), padded, line_a.data(), line_x.data(), line_owner.data(), H,
+                              best.data(), best_owner.data()});
     for (int64_t j = 0; j < n; ++j) {
       int32_t who = int32_t(best_owner[j]);
       out[j] = best[j];
@@ -693,114 +889,190 @@ struct EnvelopeRow {
 
 // ---- the top K of a few candidates at every query, vectorised --------------------
 
-// For queries by_query[q0..q1): the K best of α_l·L(1 + x_l t) over candidates
-// l (structure of arrays, padded to whole vectors with α = NaN), skipping the
-// query's own candidates and non-edges (1 + x t = 0), descending into out[s·n + j]
-// (tags[s·n + j]: the candidate's tag; −∞ / −1 where fewer than K). Candidates
-// are taken a vector at a time: their values in lanes, then one compare of the
-// vector with the current K-th best — a chunk with no lane above it (most
-// chunks, once the list fills) is skipped without touching the list; the
-// others are inserted lane by lane in candidate order, so ties keep the
-// earlier candidate as the scalar merge did. Values are the scalar ones
-// (one_plus rounds alike in lanes; a product and an |·| are exact per lane).
-struct TopMergeArgs {
-  const double *alpha, *cx, *cowner;
-  const int32_t* ctag;
-  int64_t S;  // padded count
-  bool abs_lines;
-  int64_t K;
-  const double* x;
-  int64_t n;
-  const int32_t* by_query;
-  int64_t q0, q1;
-  double* out;
-  int32_t* tags;  // optional
-  double* best;   // K scratch entries each
-  int32_t* best_tag;
-};
-constexpr int64_t kMergePad = 8;  // the widest vector of doubles
+// Candidates α_l·L(1 + x_l t) as structure of arrays, padded to whole vectors
+// (kVectorPad) with absent entries (α = NaN: no value of theirs is above or at
+// any bound, so they are never kept nor entered).
+struct CandidateLanes {
+  std::vector<double> alpha, x, owner;  // owner: the i it belongs to (excluded at query i), as a double for lanes
+  std::vector<int32_t> tag;             // what the caller wants reported for it (path tracking: i, or i·k + entry)
+  int64_t count = 0;                    // real candidates (the arrays hold count rounded up to kVectorPad)
 
-// Bit l set where lane l of v is above thr (false for NaN): one compare and a
-// mask move. (Written with intrinsics: GCC turns the vector-extension form of
-// comparison-to-bitmask into per-lane extracts here.)
-#if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"))) inline unsigned lanes_above(Vec<double, 64>::type v, double thr) {
-  return _mm512_cmp_pd_mask((__m512d)v, _mm512_set1_pd(thr), _CMP_GT_OQ);
-}
-__attribute__((target("avx2,fma"))) inline unsigned lanes_above(Vec<double, 32>::type v, double thr) {
-  return unsigned(_mm256_movemask_pd(_mm256_cmp_pd((__m256d)v, _mm256_set1_pd(thr), _CMP_GT_OQ)));
-}
-inline unsigned lanes_above(Vec<double, 16>::type v, double thr) {
-  return unsigned(_mm_movemask_pd(_mm_cmpgt_pd((__m128d)v, _mm_set1_pd(thr))));
-}
-#else
-template <class V>
-inline unsigned lanes_above(V v, double thr) {
-  unsigned m = 0;
-  for (int l = 0; l < int(sizeof(V) / sizeof(double)); ++l) m |= unsigned(v[l] > thr) << l;
-  return m;
-}
-#endif
-
-template <class V>
-inline __attribute__((always_inline)) void top_merge_impl(const TopMergeArgs& a) {
-  using IV = typename Vec<int64_t, sizeof(V)>::type;
-  constexpr int L = sizeof(V) / sizeof(double);
-  static_assert(L <= kMergePad, "the pad must cover a vector");
-  const int64_t K = a.K;
-  double* best = a.best;
-  int32_t* best_tag = a.best_tag;
-  for (int64_t q = a.q0; q < a.q1; ++q) {
-    const int64_t j = a.by_query[q];
-    const double t = a.x[j];
-    const V tv = V{} + t;
-    for (int64_t s = 0; s < K; ++s) best[s] = -kInf, best_tag[s] = -1;
-    for (int64_t l0 = 0; l0 < a.S; l0 += L) {
-      V al, xl;
-      std::memcpy(&al, a.alpha + l0, sizeof(V));
-      std::memcpy(&xl, a.cx + l0, sizeof(V));
-      const V y = one_plus(xl, tv);
-      const V v = al * (a.abs_lines ? (V)((IV)y & int64_t(0x7fffffffffffffffLL)) : y);
-      unsigned enter = lanes_above(v, best[K - 1]);
-      if (!enter) continue;  // no lane can enter the list: the common case once it is full
-      double vals[L];
-      std::memcpy(vals, &v, sizeof(V));
-      for (; enter; enter &= enter - 1) {
-        const int l = __builtin_ctz(enter);
-        double value = vals[l];
-        // the bound may have risen within the chunk; own candidates and non-edges never enter
-        if (!(value > best[K - 1]) || int64_t(a.cowner[l0 + l]) == j || one_plus(a.cx[l0 + l], t) == 0) continue;
-        int32_t tag = a.ctag[l0 + l];
-        for (int64_t s = 0; s < K; ++s)  // insertion into the descending list (ties: the earlier stays)
-          if (value > best[s]) std::swap(value, best[s]), std::swap(tag, best_tag[s]);
-      }
-    }
-    for (int64_t s = 0; s < K; ++s) a.out[s * a.n + j] = best[s];
-    if (a.tags)
-      for (int64_t s = 0; s < K; ++s) a.tags[s * a.n + j] = best_tag[s];
+  void clear() { alpha.clear(), x.clear(), owner.clear(), tag.clear(), count = 0; }
+  void push(double a, double xl, double o, int32_t t) {
+    alpha.push_back(a), x.push_back(xl), owner.push_back(o), tag.push_back(t), ++count;
   }
+  void pad() {
+    alpha.resize(count), x.resize(count), owner.resize(count), tag.resize(count);
+    const int64_t padded = (count + kVectorPad - 1) / kVectorPad * kVectorPad;
+    alpha.resize(padded, std::numeric_limits<double>::quiet_NaN()), x.resize(padded, 0.0), owner.resize(padded, -1.0),
+        tag.resize(padded, -1);
+  }
+  int64_t padded() const { return int64_t(alpha.size()); }
+};
+
+// The values α·L(y) of a vector of candidates at y = 1 + x t, L = |·| (abs
+// lines) or the identity. The scalar arithmetic, lane by lane (one_plus rounds
+// alike in lanes; a product and an |·| are exact per lane).
+template <class V>
+inline __attribute__((always_inline)) V candidate_values(V alpha, V y, bool abs_lines) {
+  using IV = typename Vec<int64_t, sizeof(V)>::type;
+  return alpha * (abs_lines ? (V)((IV)y & int64_t(0x7fffffffffffffffLL)) : y);
 }
-#if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void top_merge_avx512(
-    const TopMergeArgs& a) {
-  top_merge_impl<Vec<double, 64>::type>(a);
-}
-__attribute__((target("avx2,fma"), flatten)) void top_merge_avx2(const TopMergeArgs& a) {
-  top_merge_impl<Vec<double, 32>::type>(a);
-}
-#endif
-__attribute__((flatten)) void top_merge_portable(const TopMergeArgs& a) { top_merge_impl<Vec<double, 16>::type>(a); }
-using TopMerge = void (*)(const TopMergeArgs&);
-TopMerge pick_top_merge() {
-  const std::string isa = kernel_isa();
-#if defined(__x86_64__) || defined(__i386__)
-  if (isa == "avx512") return &top_merge_avx512;
-  if (isa == "avx2") return &top_merge_avx2;
-#endif
-  return &top_merge_portable;
-}
+
+// For queries by_query[q0..q1): the K best candidate values at t = x_j,
+// skipping the query's own candidates and non-edges (1 + x t = 0), descending
+// into out[s·n + j] (tags[s·n + j]: the candidate's tag; −∞ / −1 where fewer
+// than K). Candidates are taken a vector at a time: their values in lanes, then
+// one compare of the vector with the current K-th best — a chunk with no lane
+// above it (most chunks, once the list fills) is skipped without touching the
+// list; the others are inserted lane by lane in candidate order, so ties keep
+// the earlier candidate as a scalar merge would.
+struct TopMerge {
+  struct Args {
+    const CandidateLanes* c;
+    bool abs_lines;
+    int64_t K;
+    const double* x;
+    int64_t n;
+    const int32_t* by_query;
+    int64_t q0, q1;
+    double* out;
+    int32_t* tags;  // optional
+    double* best;   // K scratch entries each
+    int32_t* best_tag;
+  };
+  template <class V>
+  static inline __attribute__((always_inline)) void run(const Args& a) {
+    constexpr int L = sizeof(V) / sizeof(double);
+    static_assert(L <= kVectorPad, "the pad must cover a vector");
+    const CandidateLanes& c = *a.c;
+    const int64_t K = a.K;
+    double* best = a.best;
+    int32_t* best_tag = a.best_tag;
+    for (int64_t q = a.q0; q < a.q1; ++q) {
+      const int64_t j = a.by_query[q];
+      const double t = a.x[j];
+      const V tv = V{} + t;
+      for (int64_t s = 0; s < K; ++s) best[s] = -kInf, best_tag[s] = -1;
+      for (int64_t l0 = 0; l0 < c.padded(); l0 += L) {
+        const V v = candidate_values(load<V>(&c.alpha[l0]), one_plus(load<V>(&c.x[l0]), tv), a.abs_lines);
+        unsigned enter = lanes_above(v, best[K - 1]);
+        if (!enter) continue;  // no lane can enter the list: the common case once it is full
+        double vals[L];
+        std::memcpy(vals, &v, sizeof(V));
+        for (; enter; enter &= enter - 1) {
+          const int l = __builtin_ctz(enter);
+          double value = vals[l];
+          // the bound may have risen within the chunk; own candidates and non-edges never enter
+          if (!(value > best[K - 1]) || int64_t(c.owner[l0 + l]) == j || one_plus(c.x[l0 + l], t) == 0) continue;
+          int32_t tag = c.tag[l0 + l];
+          for (int64_t s = 0; s < K; ++s)  // insertion into the descending list (ties: the earlier stays)
+            if (value > best[s]) std::swap(value, best[s]), std::swap(tag, best_tag[s]);
+        }
+      }
+      for (int64_t s = 0; s < K; ++s) a.out[s * a.n + j] = best[s];
+      if (a.tags)
+        for (int64_t s = 0; s < K; ++s) a.tags[s * a.n + j] = best_tag[s];
+    }
+  }
+};
 
 // ---- pruned candidates, block by block -------------------------------------------
+
+// A candidate's lowest value over a block, and its owner.
+struct LowBound {
+  double value;
+  int32_t owner;
+};
+
+// Candidates of `from` that may make a query's top K over the queries in
+// [t0, t1] (see TopCandidates): the lows are kept by two vector passes over
+// the candidates, the values in lanes as in TopMerge.
+//   1. lows: the candidates without a root in the block (1 + x t keeps its
+//      sign at both ends), their lower end value; only the top `cap` are
+//      needed, kept descending by insertion: a vector with no lane above the
+//      last kept (most, once `cap` are kept) is turned away by one compare.
+//   2. the bound (the K-th best low without the owner of each of the top K;
+//      removing an owner drops at most per_owner entries, so the top
+//      (per_owner + 1)·K = cap hold every answer), then the candidates whose
+//      higher end value reaches it.
+// O(N/L) vector steps per pass plus O(cap) per insertion.
+struct Survivors {
+  struct Args {
+    const CandidateLanes* from;
+    bool abs_lines;
+    int64_t K, cap;
+    double t0, t1;
+    std::vector<LowBound>* lows;
+    CandidateLanes* to;
+  };
+  template <class V>
+  static inline __attribute__((always_inline)) void run(const Args& a) {
+    using IV = typename Vec<int64_t, sizeof(V)>::type;
+    constexpr int L = sizeof(V) / sizeof(double);
+    static_assert(L <= kVectorPad, "the pad must cover a vector");
+    const CandidateLanes& from = *a.from;
+    std::vector<LowBound>& lows = *a.lows;
+    const V t0 = V{} + a.t0, t1 = V{} + a.t1, absent = V{} + std::numeric_limits<double>::quiet_NaN();
+    lows.clear();
+    for (int64_t l0 = 0; l0 < from.padded(); l0 += L) {
+      const V alpha = load<V>(&from.alpha[l0]), x = load<V>(&from.x[l0]);
+      const V y0 = one_plus(x, t0), y1 = one_plus(x, t1);
+      const IV no_root = ((y0 > 0) & (y1 > 0)) | ((y0 < 0) & (y1 < 0));
+      const V v0 = candidate_values(alpha, y0, a.abs_lines), v1 = candidate_values(alpha, y1, a.abs_lines);
+      const V low = no_root ? (v1 < v0 ? v1 : v0) : absent;  // std::min(v0, v1)
+      const bool full = int64_t(lows.size()) == a.cap;
+      unsigned enter = lanes_above(low, full ? lows.back().value : -kInf);
+      if (!enter) continue;
+      double vals[L];
+      std::memcpy(vals, &low, sizeof(V));
+      for (; enter; enter &= enter - 1) {
+        const int l = __builtin_ctz(enter);
+        const LowBound b{vals[l], int32_t(from.owner[l0 + l])};
+        int64_t at = int64_t(lows.size());
+        if (at == a.cap) {
+          if (!(b.value > lows.back().value)) continue;  // the last kept may have risen within the chunk
+          --at;
+        } else {
+          lows.push_back(b);
+        }
+        // insertion from the back, after equal values: a short, predictable
+        // loop (a binary search's branches mispredict; cap is small)
+        for (; at > 0 && lows[at - 1].value < b.value; --at) lows[at] = lows[at - 1];
+        lows[at] = b;
+      }
+    }
+    double bound = -kInf;
+    const int64_t head = int64_t(lows.size());
+    if (head >= a.K) {
+      bound = lows[a.K - 1].value;
+      for (int64_t r = 0; r < a.K && bound > -kInf; ++r) {
+        int64_t seen = 0;
+        double kth = -kInf;
+        for (int64_t e = 0; e < head; ++e)
+          if (lows[e].owner != lows[r].owner && ++seen == a.K) {
+            kth = lows[e].value;
+            break;
+          }
+        bound = std::min(bound, kth);
+      }
+    }
+    CandidateLanes& to = *a.to;
+    to.clear();
+    // v ≥ bound ⟺ v > the next double below it (also for ±∞; NaN lanes neither)
+    const double below_bound = std::nextafter(bound, -kInf);
+    for (int64_t l0 = 0; l0 < from.padded(); l0 += L) {
+      const V alpha = load<V>(&from.alpha[l0]), x = load<V>(&from.x[l0]);
+      const V v0 = candidate_values(alpha, one_plus(x, t0), a.abs_lines),
+              v1 = candidate_values(alpha, one_plus(x, t1), a.abs_lines);
+      for (unsigned keep = lanes_above(V(v0 < v1 ? v1 : v0), below_bound); keep; keep &= keep - 1) {  // std::max
+        const int64_t l = l0 + __builtin_ctz(keep);
+        to.push(from.alpha[l], from.x[l], from.owner[l], from.tag[l]);
+      }
+    }
+    to.pad();
+  }
+};
 
 // The K best of v_l(t) = α_l·L(1 + x_l t) over candidates l at every query
 // t = x_j — L = |·| (abs lines, α ≥ 0) or the identity (signed lines) —
@@ -815,99 +1087,39 @@ TopMerge pick_top_merge() {
 // candidate whose highest value over the block is below that bound never
 // makes a query's top K. The rest are merged directly per query. With values
 // spread over orders of magnitude (log-space semirings) or narrow blocks, few
-// survive: O(N·K) per block for the bounds, O(B·S·K) for B queries and S
-// survivors. Returns false (nothing written) when some block keeps more than
-// `max_survivors`: the caller then takes its O(N log N) envelope instead.
+// survive: O(N·K/L) vector steps per block for the bounds, O(B·S·K) for B
+// queries and S survivors. Returns false (nothing written) when some block
+// keeps more than `max_survivors`: the caller then takes its O(N log N)
+// envelope instead.
 struct TopCandidates {
-  struct Candidate {
-    double alpha, x;
-    int32_t owner;  // the i it belongs to (excluded at query i)
-    int32_t tag;    // what the caller wants reported for it (path tracking: i, or i·k + entry)
-  };
-  struct Bound {
-    double value;
-    int32_t owner;
-  };
   static constexpr int64_t kBlock = 32;
-  std::vector<Candidate> row, kept;
-  std::vector<Bound> lows;
-  std::vector<double> best, c_alpha, c_x, c_owner;
-  std::vector<int32_t> best_tag, c_tag;
-
-  static double value(bool abs_lines, double alpha, double y) { return alpha * (abs_lines ? std::abs(y) : y); }
-
-  // Candidates of `from` that may make a query's top K over [t0, t1] (see above).
-  // per_owner: the most candidates one owner has.
-  void survivors(const std::vector<Candidate>& from, bool abs_lines, int64_t K, int64_t per_owner, double t0,
-                 double t1, std::vector<Candidate>& to) {
-    // Only the top (per_owner + 1)·K lows are needed (below), kept
-    // descending by insertion as they come: most candidates are turned away
-    // by one compare with the last kept (a sort of all n lows took most of
-    // this function's time).
-    const int64_t cap = (per_owner + 1) * K;
-    lows.clear();
-    for (const auto& c : from) {
-      const double y0 = one_plus(c.x, t0), y1 = one_plus(c.x, t1);
-      if (!((y0 > 0 && y1 > 0) || (y0 < 0 && y1 < 0))) continue;
-      const Bound b{std::min(value(abs_lines, c.alpha, y0), value(abs_lines, c.alpha, y1)), c.owner};
-      if (int64_t(lows.size()) == cap) {
-        if (!(b.value > lows.back().value)) continue;
-        lows.pop_back();
-      }
-      const auto higher = [](const Bound& p, const Bound& q) { return p.value > q.value; };
-      lows.insert(std::upper_bound(lows.begin(), lows.end(), b, higher), b);  // after equal values
-    }
-    // The K-th best low without the owner of each of the top K; removing an
-    // owner drops at most per_owner entries, so the top (per_owner + 1)·K hold
-    // every answer.
-    double bound = -kInf;
-    const int64_t head = int64_t(lows.size());
-    if (head >= K) {
-      bound = lows[K - 1].value;
-      for (int64_t r = 0; r < K && bound > -kInf; ++r) {
-        int64_t seen = 0;
-        double kth = -kInf;
-        for (int64_t e = 0; e < head; ++e)
-          if (lows[e].owner != lows[r].owner && ++seen == K) {
-            kth = lows[e].value;
-            break;
-          }
-        bound = std::min(bound, kth);
-      }
-    }
-    to.clear();
-    for (const auto& c : from)
-      if (std::max(value(abs_lines, c.alpha, one_plus(c.x, t0)), value(abs_lines, c.alpha, one_plus(c.x, t1))) >=
-          bound)
-        to.push_back(c);
-  }
+  CandidateLanes row, kept;
+  std::vector<LowBound> lows;
+  std::vector<double> best;
+  std::vector<int32_t> best_tag;
 
   // out[slot * n + j], slots descending; −∞ where fewer than K candidates.
   // tags (optional): the tag of each slot's candidate (−1: none).
-  bool run(const std::vector<Candidate>& all, bool abs_lines, int64_t K, int64_t per_owner, const double* x,
-           int64_t n, const int32_t* by_query, int64_t max_survivors, double* out, int32_t* tags = nullptr) {
+  // per_owner: the most candidates one owner has. `all` must be padded.
+  bool run(const CandidateLanes& all, bool abs_lines, int64_t K, int64_t per_owner, const double* x, int64_t n,
+           const int32_t* by_query, int64_t max_survivors, double* out, int32_t* tags = nullptr) {
     best.resize(K), best_tag.resize(K);
-    auto merge = [&](const std::vector<Candidate>& cands, int64_t q0, int64_t q1) {
-      // Structure of arrays, padded with absent candidates (α = NaN: never above a bound).
-      const int64_t S = int64_t(cands.size()), padded = (S + kMergePad - 1) / kMergePad * kMergePad;
-      c_alpha.assign(padded, std::numeric_limits<double>::quiet_NaN()), c_x.assign(padded, 0.0),
-          c_owner.assign(padded, -1.0), c_tag.resize(padded);
-      for (int64_t l = 0; l < S; ++l)
-        c_alpha[l] = cands[l].alpha, c_x[l] = cands[l].x, c_owner[l] = cands[l].owner, c_tag[l] = cands[l].tag;
-      const TopMerge top_merge = pick_top_merge();  // per call: TORCH_SEMIRING_KERNEL_ISA may change
-      top_merge(TopMergeArgs{c_alpha.data(), c_x.data(), c_owner.data(), c_tag.data(), padded, abs_lines, K, x, n,
-                             by_query, q0, q1, out, tags, best.data(), best_tag.data()});
+    const auto survivors = pass_for_isa<Survivors>();
+    const auto top_merge = pass_for_isa<TopMerge>();
+    const int64_t cap = (per_owner + 1) * K;
+    auto merge = [&](const CandidateLanes& c, int64_t q0, int64_t q1) {
+      top_merge({&c, abs_lines, K, x, n, by_query, q0, q1, out, tags, best.data(), best_tag.data()});
     };
     // First over the whole range; if many survive, block by block.
-    survivors(all, abs_lines, K, per_owner, x[by_query[0]], x[by_query[n - 1]], row);
-    if (int64_t(row.size()) <= 2 * kBlock) {
+    survivors({&all, abs_lines, K, cap, x[by_query[0]], x[by_query[n - 1]], &lows, &row});
+    if (row.count <= 2 * kBlock) {
       merge(row, 0, n);
       return true;
     }
     for (int64_t q0 = 0; q0 < n; q0 += kBlock) {
       const int64_t q1 = std::min(n, q0 + kBlock);
-      survivors(row, abs_lines, K, per_owner, x[by_query[q0]], x[by_query[q1 - 1]], kept);
-      if (int64_t(kept.size()) > max_survivors) return false;
+      survivors({&row, abs_lines, K, cap, x[by_query[q0]], x[by_query[q1 - 1]], &lows, &kept});
+      if (kept.count > max_survivors) return false;
       merge(kept, q0, q1);
     }
     return true;
@@ -960,8 +1172,16 @@ RowScale scale_of(const double* a, const double* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) s.top = std::max(s.top, a[i]), s.xmax = std::max(s.xmax, std::abs(x[i]));
   return s;
 }
-bool suspect(double sum, int64_t n, double xmax, double t) {
-  return !(sum >= kUnderflowGuard * double(n) * (1.0 + xmax * std::abs(t))) || !std::isfinite(sum);
+bool suspect(double sum, int64_t n, double xmax, double t, double guard = kUnderflowGuard) {
+  return !(sum >= guard * double(n) * (1.0 + xmax * std::abs(t))) || !std::isfinite(sum);
+}
+// Log-space weights A = e^{a − top} for the direct pass (single: float lanes):
+// those below its flush level dropped. Returns the underflow guard for the outputs.
+double flush_for_direct(std::vector<double>& A, int64_t n, bool single) {
+  const double flush = single ? DirectRange<float>::kFlush : DirectRange<double>::kFlush;
+  for (int64_t i = 0; i < n; ++i)
+    if (A[i] < flush) A[i] = 0.0;
+  return single ? DirectRange<float>::kGuard : DirectRange<double>::kGuard;
 }
 
 // What an input may hold for the kernels to reproduce the generic arithmetic.
@@ -1038,6 +1258,7 @@ at::Tensor sum_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool nonzero
   // w may hold +∞ (a count or Z beyond the dtype's range): any existing edge
   // from such an i makes the sum +∞; the rest is the sum of the finite ones.
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
+  const bool single = x_in.scalar_type() == at::kFloat;  // the direct pass in the graph's precision
   auto out = over_rows({w_in, x_in}, {Holds::Sums, Holds::Finite}, 1, [&, n](int64_t, const double* const* in,
                                                                              double* const* o) {
     thread_local SumRow<1> row;
@@ -1050,7 +1271,9 @@ at::Tensor sum_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool nonzero
       if (wr[i] == kInf) infinite.push_back(i);
     }
     const double* wv[] = {finite_w.data()};
-    row.run(xr, n, wv, o, nonzero);
+    if (!direct_pays(n)) row.run(xr, n, wv, o, nonzero);
+    else if (nonzero) direct_row<NonzeroTerm>(single, xr, wv, o, n);
+    else direct_row<AbsTerm>(single, xr, wv, o, n);
     // Each j needs one existing edge from an infinite i: the first one found
     // settles it (1 + x_i x_j = 0 is rare), so this is O(n) per row even when
     // every w is +∞ (counts of a deep model overflow float32 early).
@@ -1066,7 +1289,9 @@ at::Tensor sum_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool nonzero
 
 at::Tensor logsumexp_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
-  auto out = over_rows({a_in, x_in}, {Holds::LogValues, Holds::Finite}, 1, [n](int64_t, const double* const* in,
+  const bool single = x_in.scalar_type() == at::kFloat;  // the direct pass in the graph's precision
+  const bool direct = direct_pays(n);
+  auto out = over_rows({a_in, x_in}, {Holds::LogValues, Holds::Finite}, 1, [=](int64_t, const double* const* in,
                                                                                double* const* o) {
     thread_local SumRow<1> row;
     thread_local std::vector<double> A, S;
@@ -1078,12 +1303,14 @@ at::Tensor logsumexp_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
       return;
     }
     exp_shifted(ar, sc.top, A.data(), n);
+    const double guard = direct ? flush_for_direct(A, n, single) : kUnderflowGuard;
     const double* wv[] = {A.data()};
     double* ov[] = {S.data()};
-    row.run(xr, n, wv, ov, false);
+    if (direct) direct_row<AbsTerm>(single, xr, wv, ov, n);
+    else row.run(xr, n, wv, ov, false);
     log_shifted(S.data(), sc.top, o[0], n);
     for (int64_t j = 0; j < n; ++j)
-      if (suspect(S[j], n, sc.xmax, xr[j])) o[0][j] = exact_log_sum(ar, nullptr, xr, n, j).first;
+      if (suspect(S[j], n, sc.xmax, xr[j], guard)) o[0][j] = exact_log_sum(ar, nullptr, xr, n, j).first;
   });
   return out.empty() ? at::Tensor() : out[0];
 }
@@ -1092,16 +1319,13 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
                                                 const at::Tensor& x_in) {
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
   const bool single = x_in.scalar_type() == at::kFloat;  // φ pass in the graph's precision
-  const auto phi_float = pick_phi_row<float>();
-  const auto phi_double = pick_phi_row<double>();
   auto out = over_rows({l_in, h_in, x_in}, {Holds::LogValues, Holds::Finite, Holds::Finite}, 2,
-                       [&, n](int64_t, const double* const* in, double* const* o) {
+                       [=](int64_t, const double* const* in, double* const* o) {
     thread_local SumRow<2> row;
-    thread_local std::vector<double> A, Ah, Z, Q, F, xd;
-    thread_local std::vector<float> xf, Af, Ff;
+    thread_local std::vector<double> A, Ah, Z, Q, F;
     const double *lr = in[0], *hr = in[1], *xr = in[2];
     double *ol = o[0], *oh = o[1];
-    A.assign(n + kPhiPad, 0.0), Ah.resize(n), Z.resize(n), Q.resize(n), F.resize(n + kPhiPad);
+    A.resize(n), Ah.resize(n), Z.resize(n), Q.resize(n), F.resize(n);
     const auto sc = scale_of(lr, xr, n);
     if (sc.top == -kInf) {
       std::fill(ol, ol + n, -kInf);
@@ -1113,16 +1337,9 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
     const double* wv[] = {A.data(), Ah.data()};
     double* ov[] = {Z.data(), Q.data()};
     row.run(xr, n, wv, ov, false);
-    if (single) {
-      xf.assign(n + kPhiPad, 0.0f), Af.assign(n + kPhiPad, 0.0f), Ff.resize(n + kPhiPad);
-      for (int64_t i = 0; i < n; ++i) xf[i] = float(xr[i]), Af[i] = float(A[i]);
-      phi_float(xf.data(), Af.data(), Ff.data(), n);
-      for (int64_t i = 0; i < n; ++i) F[i] = Ff[i];
-    } else {
-      xd.assign(n + kPhiPad, 0.0);
-      std::copy(xr, xr + n, xd.begin());
-      phi_double(xd.data(), A.data(), F.data(), n);
-    }
+    const double* wf[] = {A.data()};
+    double* of[] = {F.data()};
+    direct_row<PhiTerm>(single, xr, wf, of, n);
     // R = Σ A|y|(h − log|y|) = Q − F;  ℓ = top + log Z,  h = R/Z.
     log_shifted(Z.data(), sc.top, ol, n);
     for (int64_t j = 0; j < n; ++j) {
@@ -1225,7 +1442,7 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
     thread_local TopCandidates top;
     thread_local RadixSorter sorter;
     thread_local std::vector<int32_t> by_query, tags;
-    thread_local std::vector<TopCandidates::Candidate> candidates;
+    thread_local CandidateLanes candidates;
     thread_local std::vector<double> best, linear, logs;
     thread_local std::vector<std::pair<double, int32_t>> exact;
     by_query.resize(n), tags.resize(K * n), best.resize(K * n), exact.resize(K * n), linear.resize(K * n),
@@ -1249,8 +1466,9 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
       for (int64_t c = 0; c < K; ++c) {
         const double v = linear[c * n + i];
         if (!(v > 0)) break;  // scores descend: the rest are no paths (or underflow, see below)
-        candidates.push_back({v, xr[i], int32_t(i), int32_t(i * K + c)});
+        candidates.push(v, xr[i], double(i), int32_t(i * K + c));
       }
+    candidates.pad();
     sorter.sort(xr, n, by_query.data());
     top.run(candidates, /*abs_lines=*/true, K, K, xr, n, by_query.data(), std::numeric_limits<int64_t>::max(),
             best.data(), tags.data());

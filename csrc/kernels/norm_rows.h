@@ -17,16 +17,21 @@
 //   topk_rows       the k largest of a_ic + log|1 + x_i x_j| over i ≠ j, c ≤ k  kmax
 //
 // Cost per row (x sorted once by an LSD radix sort, O(N)):
-//   sums:   O(N log N) — |1 + x_i t| changes sign once in the sorted x (at
+//   sums, rows of ≤ 512 elements: a direct pair pass, O(N²/L) vector steps
+//           (L lanes) — each pair's |y| (or [y ≠ 0]) computed once for both
+//           orders, in the graph's precision (float rows: 16 lanes on AVX-512),
+//           a sum of non-negative terms; below ~600 elements it is cheaper than
+//           the sorted sums (MiniLM's 384: 10.7 vs 14.5 µs a row).
+//   sums, longer rows: O(N log N) — |1 + x_i t| changes sign once in the sorted x (at
 //           x = −1/t), so each side is Σw + t·Σw·x over a range of the sorted
 //           row, read from a disjoint sparse table (range sums with no
 //           subtraction, so no cancellation against the excluded i = j or an
 //           outlier). Terms with |1 + x_i t| < δ (x_i within a relative δ of
 //           −1/t, where Σw + t·Σw·x would cancel) are summed directly.
-//   entropy: the sums above for Z and Σ w h |y|, plus Σ_{i≠j} w_i φ(y_ij),
-//           φ(y) = |y| log|y|, which separates in no way: a direct, symmetric
-//           (φ_ij = φ_ji: N(N−1)/2 logarithms), vectorised O(N²) pass that never
-//           stores the block. It is bound by vector throughput (the row stays
+//   entropy: the sorted sums above for Z and Σ w h |y| (at every N), plus
+//           Σ_{i≠j} w_i φ(y_ij), φ(y) = |y| log|y|, which separates in no way:
+//           the direct pair pass (φ_ij = φ_ji: N(N−1)/2 logarithms), O(N²/L),
+//           never storing the block. It is bound by vector throughput (the row stays
 //           in L1: no cache blocking pays; blocking 2–4 rows measured no
 //           gain), so its cost is the log: float rows (float32 graphs) take
 //           log|y| from a 16-entry table by one permute (AVX-512 / AVX2: ~17
@@ -39,10 +44,13 @@
 //           a lower bound of every answer are dropped; when few are left (values
 //           spread over orders of magnitude, as in log space) each query takes
 //           the best of them directly.
-//   top-k:  the same bound for the k-th best answer, then each query merges
-//           the surviving candidates in vectors of L lanes, a vector that has
-//           no lane above the current k-th best skipped whole: O(N·S/L) steps
-//           plus O(k) per insertion, for S survivors (O(N²k) worst).
+//   top-k:  the same bound for the k-th best answer, per block of 32 sorted
+//           queries (the bounds: two vector passes over the Nk candidates,
+//           O(Nk/L) steps a block plus O(k²) per insertion into the kept lows),
+//           then each query merges the surviving candidates in vectors of L
+//           lanes, a vector that has no lane above the current k-th best
+//           skipped whole: O(N·S/L) steps plus O(k) per insertion, for S
+//           survivors (O(N²k) worst).
 // Log-space inputs are shifted by the row maximum into linear space (float64
 // inside, whatever the input dtype); an output whose surviving mass does not
 // dominate what underflow may have dropped is recomputed exactly in log space

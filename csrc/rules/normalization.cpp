@@ -4,9 +4,11 @@
 //     RMS norm:    J[i, j] = c_i (δ_ij −       x̂_i x̂_j  / N)
 // Off the diagonal both factor through lift(ab) = lift(a) ⊗ lift(b):
 //     layer norm:  ⊕_{i≠j} (g_i ⊗ lift(−c_i/N)) ⊗ lift(1 + x̂_i x̂_j)
-//                  = Semiring::norm_offdiagonal — O(N log N) a row in the
-//                  built-in semirings (kernels/norm_rows: sorted range sums,
-//                  envelopes of lines; entropy adds an O(N²) block-free pass);
+//                  = Semiring::norm_offdiagonal — without the block in the
+//                  built-in semirings (kernels/norm_rows: O(N log N) sorted
+//                  range sums and envelopes of lines; a direct O(N²/L) pair
+//                  pass for the sums on rows of ≤ 512 elements, where it is
+//                  cheaper, and for entropy's φ term);
 //     RMS norm:    lift(x̂_j) ⊗ ⊕_{i≠j} (g_i ⊗ lift(−c_i x̂_i/N)), an "all but
 //                  me" ⊕ (Semiring::exclusive_oplus): O(N) a row.
 // The stock backward costs O(N) a row; the diagonal is one element-wise ⊗.
