@@ -78,9 +78,10 @@ coverage: build
 
 # The package built (pip install, tools/build_backend.py) against the newest torch pip installs here
 # (TORCH=V for another) in its own venv under build/newest-torch/, then every semiring on a tiny BERT
-# and Llama against the reference and the coverage table for that torch (build/newest-torch/). Not in
-# CI: the registry's newer torch wheels are CUDA builds (~4 GB with their CUDA libraries) and the
-# compile is a full one (tools/newest_torch_check.py; its report: build/newest-torch/report.json).
+# and Llama against the reference and the coverage table for that torch (build/newest-torch/). CI runs
+# it with TORCH=2.14.1 (the newest pip installs on these machines; a CUDA wheel of ~5 GB with its CUDA
+# libraries, on their disk; a full compile: ~10 min in all), tools/newest_torch_check.py; its report:
+# build/newest-torch/report.json.
 newest-torch-check:
 	$(PYTHON) tools/newest_torch_check.py $(if $(TORCH),--torch $(TORCH))
 

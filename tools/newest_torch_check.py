@@ -1,7 +1,8 @@
 """Build and smoke-test torch-semiring against the newest torch on the package registry.
 
-`make newest-torch-check` (not part of CI: see the cost below). In a venv of its
-own under build/newest-torch/ it
+`make newest-torch-check` (CI runs it with TORCH=2.14.1, the newest torch pip
+installs on the project's machines; see the cost below). In a venv of its own
+under build/newest-torch/ it
 
 1. installs torch (default: the newest release pip installs here, which the
    machine's pip configuration may cap below the newest the registry lists — both
