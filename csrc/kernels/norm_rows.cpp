@@ -345,9 +345,19 @@ inline __attribute__((always_inline)) V abs_lanes(V y) {
   using IV = typename Vec<LaneInt<T>, sizeof(V)>::type;
   return (V)((IV)y & std::numeric_limits<LaneInt<T>>::max());  // clear the sign bit
 }
-// The terms of one pass: S series, eval(y, term) fills term[0..S).
+// The terms of one pass: S series, eval(y, term) fills term[0..S); kMax: the
+// series are maxima of w·term (w ≥ 0: 0 is "no path"), else sums.
 struct AbsTerm {  // |y|: abs, and log's linear-space sums
   static constexpr int S = 1;
+  static constexpr bool kMax = false;
+  template <class T, class V>
+  static inline __attribute__((always_inline)) void eval(V y, V* term) {
+    term[0] = abs_lanes<T>(y);
+  }
+};
+struct MaxAbsTerm {  // max_i w_i |y|: max_abs, and viterbi's linear-space maxima (values only: no argmax)
+  static constexpr int S = 1;
+  static constexpr bool kMax = true;
   template <class T, class V>
   static inline __attribute__((always_inline)) void eval(V y, V* term) {
     term[0] = abs_lanes<T>(y);
@@ -355,6 +365,7 @@ struct AbsTerm {  // |y|: abs, and log's linear-space sums
 };
 struct NonzeroTerm {  // [y ≠ 0]: count
   static constexpr int S = 1;
+  static constexpr bool kMax = false;
   template <class T, class V>
   static inline __attribute__((always_inline)) void eval(V y, V* term) {
     using IV = typename Vec<LaneInt<T>, sizeof(V)>::type;
@@ -370,6 +381,7 @@ inline __attribute__((always_inline)) V phi_lanes(V a) {
 }
 struct PhiTerm {  // φ(y): entropy's Σ w φ(y), beside the sorted sums for Z and Σ w h |y|
   static constexpr int S = 1;
+  static constexpr bool kMax = false;
   template <class T, class V>
   static inline __attribute__((always_inline)) void eval(V y, V* term) {
     term[0] = phi_lanes<T>(abs_lanes<T>(y));
@@ -386,6 +398,19 @@ inline __attribute__((always_inline)) T lanes_sum(V v) {
     std::memcpy(&lo, &v, sizeof(H));
     std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(H), sizeof(H));
     return lanes_sum<T>(lo + hi);
+  }
+}
+
+template <class T, class V>
+inline __attribute__((always_inline)) T lanes_max(V v) {
+  if constexpr (sizeof(V) == 2 * sizeof(T)) {
+    return std::max(v[0], v[1]);
+  } else {
+    using H = typename Vec<T, sizeof(V) / 2>::type;
+    H lo, hi;
+    std::memcpy(&lo, &v, sizeof(H));
+    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(H), sizeof(H));
+    return lanes_max<T>(H(lo > hi ? lo : hi));
   }
 }
 
@@ -408,11 +433,20 @@ inline __attribute__((always_inline)) void pair_pass_impl(const T* x, const T* c
       if constexpr (sizeof(T) == 4) Terms::template eval<T, V>(one_plus_exact(load<V>(x + j), xi), term);
       else Terms::template eval<T, V>(one_plus(load<V>(x + j), xi), term);
       for (int s = 0; s < S; ++s) {
-        store(out[s] + j, load<V>(out[s] + j) + wi[s] * term[s]);
-        acc[s] += load<V>(w[s] + j) * term[s];
+        const V to_j = wi[s] * term[s], to_i = load<V>(w[s] + j) * term[s], at_j = load<V>(out[s] + j);
+        if constexpr (Terms::kMax) {
+          store(out[s] + j, V(to_j > at_j ? to_j : at_j));
+          acc[s] = to_i > acc[s] ? to_i : acc[s];
+        } else {
+          store(out[s] + j, at_j + to_j);
+          acc[s] += to_i;
+        }
       }
     }
-    for (int s = 0; s < S; ++s) out[s][i] += lanes_sum<T>(acc[s]);
+    for (int s = 0; s < S; ++s) {
+      if constexpr (Terms::kMax) out[s][i] = std::max(out[s][i], lanes_max<T>(acc[s]));
+      else out[s][i] += lanes_sum<T>(acc[s]);
+    }
   }
 }
 
@@ -450,9 +484,12 @@ auto pick_pair_pass() -> void (*)(const T*, const T* const*, T* const*, int64_t)
 // ---- the direct pass or the sorted sums, per row --------------------------------
 
 // Rows of at most kDirectMaxSums elements take the direct pair pass for abs,
-// count and log, longer ones the sorted range sums (SumRow), by their measured
-// cost per row (whole kernel call, float32, AVX-512, one core, best of 5):
-//   N = 384: direct 10.7 µs, sorted 14.5;  768: 34.6 / 31.2;  1024: 73 / 37.
+// count and log (and, when no winners are wanted, max_abs and viterbi), longer
+// ones the sorted range sums (SumRow) or the envelopes, by their measured cost
+// per row (whole kernel call, float32, AVX-512, one core, best of 3–5):
+//   abs      N = 384: direct 10.7 µs, sorted 14.5;  768: 34.6 / 31.2;  1024: 73 / 37;
+//   viterbi  N = 384: direct 19.1, envelope 23.6;  768: 45.6 / 30.1;
+//   max_abs  N = 384: direct 17.7, envelope 28.5;  768: 37.7 / 50.7.
 // (Entropy keeps the sorted sums for Z and Σ w h |y| at every N: folding them
 // into its φ pass as two more series measured no faster at N = 384 — 55.6 vs
 // 56.0 µs — and slower above.) TORCH_SEMIRING_NORM_PASS=direct|sorted forces
@@ -1357,6 +1394,8 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
 
 at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_space, at::Tensor* argmax) {
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
+  const bool single = x_in.scalar_type() == at::kFloat;  // the direct pass in the graph's precision
+  const bool direct = !argmax && direct_pays(n);         // values only: the winners come from the envelope
   auto winners = argmax ? at::empty(x_in.sizes(), x_in.options().dtype(at::kInt)) : at::Tensor();
   int32_t* pwin = argmax ? winners.data_ptr<int32_t>() : nullptr;
   auto out = over_rows({w_in, x_in}, {log_space ? Holds::LogValues : Holds::Finite, Holds::Finite}, 1,
@@ -1378,20 +1417,31 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
     }
     const double nan = std::numeric_limits<double>::quiet_NaN();
     const double* lin = wr;  // linear-space weights
-    if (log_space) exp_shifted(wr, sc.top, linear.data(), n), lin = linear.data();
-    for (int64_t i = 0; i < n; ++i) {
-      const double v = lin[i];
-      alpha[2 * i] = v > 0 ? v : nan;  // weight 0: no path through i
-      alpha[2 * i + 1] = v > 0 ? -v : nan;
+    double guard = kUnderflowGuard;
+    if (log_space) {
+      exp_shifted(wr, sc.top, linear.data(), n), lin = linear.data();
+      if (direct) guard = flush_for_direct(linear, n, single);  // a dropped weight never beats a kept maximum
     }
-    env.new_row(xr, n);
-    env.best_of(alpha.data(), 1.0, best.data(), who);
+    if (direct) {  // the max over the pairs; weights ≤ 0 and non-edges give 0, "no path"
+      const double* wv[] = {lin};
+      double* ov[] = {best.data()};
+      direct_row<MaxAbsTerm>(single, xr, wv, ov, n);
+      std::fill(who, who + n, -1);
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        const double v = lin[i];
+        alpha[2 * i] = v > 0 ? v : nan;  // weight 0: no path through i
+        alpha[2 * i + 1] = v > 0 ? -v : nan;
+      }
+      env.new_row(xr, n);
+      env.best_of(alpha.data(), 1.0, best.data(), who);
+    }
     if (log_space) log_shifted(best.data(), sc.top, o[0], n);
     for (int64_t j = 0; j < n; ++j) {
       if (!log_space) {
         if (!(best[j] > 0)) best[j] = 0.0, who[j] = -1;  // no edge: the zero of max_abs
         o[0][j] = best[j];
-      } else if (suspect(best[j], n, sc.xmax, xr[j])) {
+      } else if (suspect(best[j], n, sc.xmax, xr[j], guard)) {
         o[0][j] = exact_log_max(wr, xr, n, j, &who[j]);
       }
     }
