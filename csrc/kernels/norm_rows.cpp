@@ -933,8 +933,17 @@ struct CandidateLanes {
   std::vector<double> alpha, x, owner;  // owner: the i it belongs to (excluded at query i), as a double for lanes
   std::vector<int32_t> tag;             // what the caller wants reported for it (path tracking: i, or i·k + entry)
   int64_t count = 0;                    // real candidates (the arrays hold count rounded up to kVectorPad)
+  // Optional, for abs lines (α ≥ 0): candidates grouped by the binary exponent
+  // of α, largest first, each group starting at a whole vector; group g spans
+  // [group_start[g], group_start[g + 1]), every α in it is below group_alpha[g]
+  // and every |x| in it and the later groups at most group_xmax[g].
+  std::vector<int64_t> group_start;
+  std::vector<double> group_alpha, group_xmax;
 
-  void clear() { alpha.clear(), x.clear(), owner.clear(), tag.clear(), count = 0; }
+  void clear() {
+    alpha.clear(), x.clear(), owner.clear(), tag.clear(), count = 0;
+    group_start.clear(), group_alpha.clear(), group_xmax.clear();
+  }
   void push(double a, double xl, double o, int32_t t) {
     alpha.push_back(a), x.push_back(xl), owner.push_back(o), tag.push_back(t), ++count;
   }
@@ -946,6 +955,54 @@ struct CandidateLanes {
   }
   int64_t padded() const { return int64_t(alpha.size()); }
 };
+
+// `from` (abs lines, α > 0) regrouped into `to` by the binary exponent of α,
+// largest first, stable within a group (a counting sort: O(N)); α below 2^-60
+// share the last group.
+void group_by_size(const CandidateLanes& from, CandidateLanes& to) {
+  constexpr int kGroups = 62;
+  thread_local std::vector<int8_t> group;
+  int64_t count[kGroups] = {}, cursor[kGroups];
+  double xmax[kGroups] = {};
+  group.resize(from.count);
+  for (int64_t l = 0; l < from.count; ++l) {
+    const int g = std::min(kGroups - 1, std::max(0, -std::ilogb(from.alpha[l])));  // α ∈ [2^-g, 2^(1-g))
+    group[l] = int8_t(g), count[g]++, xmax[g] = std::max(xmax[g], std::abs(from.x[l]));
+  }
+  to.clear();
+  int64_t end = 0;
+  for (int g = 0; g < kGroups; ++g) {
+    if (!count[g]) continue;
+    to.group_start.push_back(end), to.group_alpha.push_back(std::ldexp(1.0, 1 - g)), to.group_xmax.push_back(xmax[g]);
+    cursor[g] = end;
+    end += (count[g] + kVectorPad - 1) / kVectorPad * kVectorPad;
+  }
+  to.group_start.push_back(end);
+  for (int64_t g = int64_t(to.group_xmax.size()) - 2; g >= 0; --g)  // over this group and the later ones
+    to.group_xmax[g] = std::max(to.group_xmax[g], to.group_xmax[g + 1]);
+  to.alpha.assign(end, std::numeric_limits<double>::quiet_NaN()), to.x.assign(end, 0.0), to.owner.assign(end, -1.0),
+      to.tag.assign(end, -1);
+  for (int64_t l = 0; l < from.count; ++l) {
+    const int64_t at = cursor[group[l]]++;
+    to.alpha[at] = from.alpha[l], to.x[at] = from.x[l], to.owner[at] = from.owner[l], to.tag[at] = from.tag[l];
+  }
+  to.count = from.count;
+}
+
+// Unpadded candidates put back in the order of their tags (which follow the
+// order the caller gave them in).
+void in_tag_order(CandidateLanes& c) {
+  thread_local std::vector<int64_t> order;
+  thread_local CandidateLanes copy;
+  order.resize(c.count);
+  for (int64_t l = 0; l < c.count; ++l) order[l] = l;
+  std::sort(order.begin(), order.end(), [&](int64_t p, int64_t q) { return c.tag[p] < c.tag[q]; });
+  copy = c;
+  for (int64_t l = 0; l < c.count; ++l) {
+    const int64_t from = order[l];
+    c.alpha[l] = copy.alpha[from], c.x[l] = copy.x[from], c.owner[l] = copy.owner[from], c.tag[l] = copy.tag[from];
+  }
+}
 
 // The values α·L(y) of a vector of candidates at y = 1 + x t, L = |·| (abs
 // lines) or the identity. The scalar arithmetic, lane by lane (one_plus rounds
@@ -1051,8 +1108,21 @@ struct Survivors {
     const CandidateLanes& from = *a.from;
     std::vector<LowBound>& lows = *a.lows;
     const V t0 = V{} + a.t0, t1 = V{} + a.t1, absent = V{} + std::numeric_limits<double>::quiet_NaN();
+    // The candidates in ranges: their size groups, largest α first (abs lines;
+    // no candidate of group g has a value above most(g) anywhere in the block,
+    // so once a group cannot enter, no later one can), or the whole list.
+    const bool grouped = !from.group_start.empty();
+    const int64_t groups = grouped ? int64_t(from.group_alpha.size()) : 1;
+    const double tmax = std::max(std::abs(a.t0), std::abs(a.t1));
+    auto begin = [&](int64_t g) { return grouped ? from.group_start[g] : int64_t(0); };
+    auto end = [&](int64_t g) { return grouped ? from.group_start[g + 1] : from.padded(); };
+    auto most = [&](int64_t g) {  // α·|1 + x t| ≤ α·(1 + |x|·|t|), and a margin for the rounding of the values
+      return grouped ? from.group_alpha[g] * (1.0 + from.group_xmax[g] * tmax) * (1.0 + 1e-12) : kInf;
+    };
     lows.clear();
-    for (int64_t l0 = 0; l0 < from.padded(); l0 += L) {
+    for (int64_t g = 0; g < groups; ++g) {
+    if (int64_t(lows.size()) == a.cap && most(g) <= lows.back().value) break;
+    for (int64_t l0 = begin(g); l0 < end(g); l0 += L) {
       const V alpha = load<V>(&from.alpha[l0]), x = load<V>(&from.x[l0]);
       const V y0 = one_plus(x, t0), y1 = one_plus(x, t1);
       const IV no_root = ((y0 > 0) & (y1 > 0)) | ((y0 < 0) & (y1 < 0));
@@ -1079,6 +1149,7 @@ struct Survivors {
         lows[at] = b;
       }
     }
+    }
     double bound = -kInf;
     const int64_t head = int64_t(lows.size());
     if (head >= a.K) {
@@ -1098,15 +1169,18 @@ struct Survivors {
     to.clear();
     // v ≥ bound ⟺ v > the next double below it (also for ±∞; NaN lanes neither)
     const double below_bound = std::nextafter(bound, -kInf);
-    for (int64_t l0 = 0; l0 < from.padded(); l0 += L) {
-      const V alpha = load<V>(&from.alpha[l0]), x = load<V>(&from.x[l0]);
-      const V v0 = candidate_values(alpha, one_plus(x, t0), a.abs_lines),
-              v1 = candidate_values(alpha, one_plus(x, t1), a.abs_lines);
-      for (unsigned keep = lanes_above(V(v0 < v1 ? v1 : v0), below_bound); keep; keep &= keep - 1) {  // std::max
-        const int64_t l = l0 + __builtin_ctz(keep);
-        to.push(from.alpha[l], from.x[l], from.owner[l], from.tag[l]);
+    for (int64_t g = 0; g < groups && !(most(g) < bound); ++g) {
+      for (int64_t l0 = begin(g); l0 < end(g); l0 += L) {
+        const V alpha = load<V>(&from.alpha[l0]), x = load<V>(&from.x[l0]);
+        const V v0 = candidate_values(alpha, one_plus(x, t0), a.abs_lines),
+                v1 = candidate_values(alpha, one_plus(x, t1), a.abs_lines);
+        for (unsigned keep = lanes_above(V(v0 < v1 ? v1 : v0), below_bound); keep; keep &= keep - 1) {  // std::max
+          const int64_t l = l0 + __builtin_ctz(keep);
+          to.push(from.alpha[l], from.x[l], from.owner[l], from.tag[l]);
+        }
       }
     }
+    if (grouped) in_tag_order(to);  // the merge's ties go to the earlier candidate of the original order
     to.pad();
   }
 };
@@ -1130,13 +1204,14 @@ struct Survivors {
 // envelope instead.
 struct TopCandidates {
   static constexpr int64_t kBlock = 32;
-  CandidateLanes row, kept;
+  CandidateLanes row, grouped, kept;
   std::vector<LowBound> lows;
   std::vector<double> best;
   std::vector<int32_t> best_tag;
 
   // out[slot * n + j], slots descending; −∞ where fewer than K candidates.
-  // tags (optional): the tag of each slot's candidate (−1: none).
+  // tags (optional): the tag of each slot's candidate (−1: none); tags must increase with the order of
+  // `all` (ties go to the earlier candidate, also after the size groups reorder them).
   // per_owner: the most candidates one owner has. `all` must be padded.
   bool run(const CandidateLanes& all, bool abs_lines, int64_t K, int64_t per_owner, const double* x, int64_t n,
            const int32_t* by_query, int64_t max_survivors, double* out, int32_t* tags = nullptr) {
@@ -1153,9 +1228,11 @@ struct TopCandidates {
       merge(row, 0, n);
       return true;
     }
+    const CandidateLanes* blocks_from = &row;
+    if (abs_lines) group_by_size(row, grouped), blocks_from = &grouped;  // the blocks' passes stop early
     for (int64_t q0 = 0; q0 < n; q0 += kBlock) {
       const int64_t q1 = std::min(n, q0 + kBlock);
-      survivors({&row, abs_lines, K, cap, x[by_query[q0]], x[by_query[q1 - 1]], &lows, &kept});
+      survivors({blocks_from, abs_lines, K, cap, x[by_query[q0]], x[by_query[q1 - 1]], &lows, &kept});
       if (kept.count > max_survivors) return false;
       merge(kept, q0, q1);
     }
