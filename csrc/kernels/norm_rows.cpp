@@ -236,8 +236,8 @@ struct SumRow {
 // ---- Σ_{i≠j} w_i·term(1 + x_i x_j) directly, for terms of |y| ---------------
 
 // The direct pair pass: out_s[j] = Σ_{i≠j} w_s[i]·term_s(y_ij), y = 1 + x_i x_j,
-// for S series s at once, with term_s a function of |y| — |y| (abs, log),
-// [y ≠ 0] (count), φ(y) = |y| log|y| (entropy). Such terms are symmetric
+// for S series s at once, with term_s a function of |y| — |y| (abs, log,
+// entropy's Z and Σ w h |y|), [y ≠ 0] (count), φ(y) = |y| log|y| (entropy). Such terms are symmetric
 // (term_ij = term_ji), so one pass over the pairs i < j adds w_s[i]·term to
 // out_s[j] and w_s[j]·term to out_s[i]: N(N−1)/2 terms, vectorised over j, the
 // block never stored. O(N²/L) vector steps per row: against the sorted sums'
@@ -379,12 +379,21 @@ inline __attribute__((always_inline)) V phi_lanes(V a) {
   if constexpr (sizeof(T) == 4 && sizeof(V) / sizeof(T) >= 8) return a * log_by_table(a);
   else return a * vector_log_normal<T, V>(a);
 }
-struct PhiTerm {  // φ(y): entropy's Σ w φ(y), beside the sorted sums for Z and Σ w h |y|
+struct PhiTerm {  // φ(y): entropy's Σ w φ(y) on long rows, beside the sorted sums for Z and Σ w h |y|
   static constexpr int S = 1;
   static constexpr bool kMax = false;
   template <class T, class V>
   static inline __attribute__((always_inline)) void eval(V y, V* term) {
     term[0] = phi_lanes<T>(abs_lanes<T>(y));
+  }
+};
+struct EntropyTerms {  // entropy's three sums in one pass: |y| (Z), |y| (weights w·h), φ(y)
+  static constexpr int S = 3;
+  static constexpr bool kMax = false;
+  template <class T, class V>
+  static inline __attribute__((always_inline)) void eval(V y, V* term) {
+    const V a = abs_lanes<T>(y);
+    term[0] = a, term[1] = a, term[2] = phi_lanes<T>(a);
   }
 };
 // The sum of a vector's lanes by halves (log2 L dependent adds, not L).
@@ -489,11 +498,11 @@ auto pick_pair_pass() -> void (*)(const T*, const T* const*, T* const*, int64_t)
 // per row (whole kernel call, float32, AVX-512, one core, best of 3–5):
 //   abs      N = 384: direct 10.7 µs, sorted 14.5;  768: 34.6 / 31.2;  1024: 73 / 37;
 //   viterbi  N = 384: direct 19.1, envelope 23.6;  768: 45.6 / 30.1;
-//   max_abs  N = 384: direct 17.7, envelope 28.5;  768: 37.7 / 50.7.
-// (Entropy keeps the sorted sums for Z and Σ w h |y| at every N: folding them
-// into its φ pass as two more series measured no faster at N = 384 — 55.6 vs
-// 56.0 µs — and slower above.) TORCH_SEMIRING_NORM_PASS=direct|sorted forces
-// one scheme (tests cover both; read per call, a getenv is cheap next to a row).
+//   max_abs  N = 384: direct 17.7, envelope 28.5;  768: 37.7 / 50.7;
+//   entropy  N = 384: direct (Z, Σ w h |y| and φ in one pass) 45.5, sorted sums
+//            + a φ-only pass 52.7;  512: 81.7 / 81.7.
+// TORCH_SEMIRING_NORM_PASS=direct|sorted forces one scheme (tests cover both;
+// read per call, a getenv is cheap next to a row).
 constexpr int64_t kDirectMaxSums = 512;
 bool direct_pays(int64_t n) {
   if (const char* forced = std::getenv("TORCH_SEMIRING_NORM_PASS")) {
@@ -1433,6 +1442,7 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
                                                 const at::Tensor& x_in) {
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
   const bool single = x_in.scalar_type() == at::kFloat;  // φ pass in the graph's precision
+  const bool direct = direct_pays(n);
   auto out = over_rows({l_in, h_in, x_in}, {Holds::LogValues, Holds::Finite, Holds::Finite}, 2,
                        [=](int64_t, const double* const* in, double* const* o) {
     thread_local SumRow<2> row;
@@ -1447,17 +1457,24 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
       return;
     }
     exp_shifted(lr, sc.top, A.data(), n);
+    const double guard = direct ? flush_for_direct(A, n, single) : kUnderflowGuard;
     for (int64_t i = 0; i < n; ++i) Ah[i] = A[i] == 0 ? 0.0 : A[i] * hr[i];
-    const double* wv[] = {A.data(), Ah.data()};
-    double* ov[] = {Z.data(), Q.data()};
-    row.run(xr, n, wv, ov, false);
-    const double* wf[] = {A.data()};
-    double* of[] = {F.data()};
-    direct_row<PhiTerm>(single, xr, wf, of, n);
+    if (direct) {  // Z, Σ A h |y| and Σ A φ(y) in one pass
+      const double* wv[] = {A.data(), Ah.data(), A.data()};
+      double* ov[] = {Z.data(), Q.data(), F.data()};
+      direct_row<EntropyTerms>(single, xr, wv, ov, n);
+    } else {  // Z and Σ A h |y| by the sorted sums, Σ A φ(y) by a φ-only pass
+      const double* wv[] = {A.data(), Ah.data()};
+      double* ov[] = {Z.data(), Q.data()};
+      row.run(xr, n, wv, ov, false);
+      const double* wf[] = {A.data()};
+      double* of[] = {F.data()};
+      direct_row<PhiTerm>(single, xr, wf, of, n);
+    }
     // R = Σ A|y|(h − log|y|) = Q − F;  ℓ = top + log Z,  h = R/Z.
     log_shifted(Z.data(), sc.top, ol, n);
     for (int64_t j = 0; j < n; ++j) {
-      if (suspect(Z[j], n, sc.xmax, xr[j])) {
+      if (suspect(Z[j], n, sc.xmax, xr[j], guard)) {
         auto e = exact_log_sum(lr, hr, xr, n, j);
         ol[j] = e.first, oh[j] = e.second;
       } else {

@@ -28,10 +28,11 @@
 //           subtraction, so no cancellation against the excluded i = j or an
 //           outlier). Terms with |1 + x_i t| < δ (x_i within a relative δ of
 //           −1/t, where Σw + t·Σw·x would cancel) are summed directly.
-//   entropy: the sorted sums above for Z and Σ w h |y| (at every N), plus
-//           Σ_{i≠j} w_i φ(y_ij), φ(y) = |y| log|y|, which separates in no way:
-//           the direct pair pass (φ_ij = φ_ji: N(N−1)/2 logarithms), O(N²/L),
-//           never storing the block. It is bound by vector throughput (the row stays
+//   entropy: Z and Σ w h |y| as the sums above, plus Σ_{i≠j} w_i φ(y_ij),
+//           φ(y) = |y| log|y|, which separates in no way: the direct pair pass
+//           (φ_ij = φ_ji: N(N−1)/2 logarithms), O(N²/L), never storing the
+//           block — on rows of ≤ 512 elements one pass for all three sums
+//           (N = 384: 45.5 vs 52.7 µs a row with the sorted sums beside it). It is bound by vector throughput (the row stays
 //           in L1: no cache blocking pays; blocking 2–4 rows measured no
 //           gain), so its cost is the log: float rows (float32 graphs) take
 //           log|y| from a 16-entry table by one permute (AVX-512 / AVX2: ~17
