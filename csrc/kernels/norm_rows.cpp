@@ -241,7 +241,7 @@ struct SumRow {
 // (term_ij = term_ji), so one pass over the pairs i < j adds w_s[i]·term to
 // out_s[j] and w_s[j]·term to out_s[i]: N(N−1)/2 terms, vectorised over j, the
 // block never stored. O(N²/L) vector steps per row: against the sorted sums'
-// O(N log N) it wins below ~600 elements (kDirectMaxSums), and it is the only
+// O(N log N) it wins below ~600 elements (kDirectMax), and it is the only
 // scheme for φ, which separates in no way. Bound by vector throughput (the row
 // stays in L1: no cache blocking pays; blocking 2–4 rows of the φ pass
 // measured no gain). Run in the graph's precision (float rows: float lanes,
@@ -345,31 +345,75 @@ inline __attribute__((always_inline)) V abs_lanes(V y) {
   using IV = typename Vec<LaneInt<T>, sizeof(V)>::type;
   return (V)((IV)y & std::numeric_limits<LaneInt<T>>::max());  // clear the sign bit
 }
-// The terms of one pass: S series, eval(y, term) fills term[0..S); kMax: the
-// series are maxima of w·term (w ≥ 0: 0 is "no path"), else sums.
-struct AbsTerm {  // |y|: abs, and log's linear-space sums
+// How a pass folds values into a series: sums, or maxima / minima (where a
+// NaN value — an absent weight — leaves the series as it was).
+enum class Fold { kSum, kMax, kMin };
+template <Fold F, class V>
+inline __attribute__((always_inline)) V fold(V acc, V v) {
+  if constexpr (F == Fold::kSum) return acc + v;
+  else if constexpr (F == Fold::kMax) return v > acc ? v : acc;
+  else return v < acc ? v : acc;
+}
+
+// The terms of one pass: S series, each with its Fold, its identity (the
+// value of an output without terms) and the weight of the pad lanes; pair()
+// folds one vector of pairs into the outputs at j and the accumulators of i.
+// WeightedTerms: w_s·term_s(y), eval(y, term) filling term[0..S), folded by F
+// (w ≥ 0 for kMax: 0 is "no path").
+template <class Derived, Fold F>
+struct WeightedTerms {
+  static constexpr Fold kFolds[3] = {F, F, F};
+  static constexpr double kIdentity[3] = {0.0, 0.0, 0.0};
+  static constexpr double kPadWeight = 0.0;  // a pad term is 0·term(1) = 0
+  template <class T, class V>
+  static inline __attribute__((always_inline)) void pair(V y, const T* wi, const V* wj, V* at_j, V* acc) {
+    V term[Derived::S];
+    Derived::template eval<T, V>(y, term);
+    for (int s = 0; s < Derived::S; ++s)
+      at_j[s] = fold<F>(at_j[s], wi[s] * term[s]), acc[s] = fold<F>(acc[s], wj[s] * term[s]);
+  }
+};
+struct AbsTerm : WeightedTerms<AbsTerm, Fold::kSum> {  // |y|: abs, and log's linear-space sums
   static constexpr int S = 1;
-  static constexpr bool kMax = false;
   template <class T, class V>
   static inline __attribute__((always_inline)) void eval(V y, V* term) {
     term[0] = abs_lanes<T>(y);
   }
 };
-struct MaxAbsTerm {  // max_i w_i |y|: max_abs, and viterbi's linear-space maxima (values only: no argmax)
+struct MaxAbsTerm : WeightedTerms<MaxAbsTerm, Fold::kMax> {  // max_abs, viterbi's linear maxima (no argmax)
   static constexpr int S = 1;
-  static constexpr bool kMax = true;
   template <class T, class V>
   static inline __attribute__((always_inline)) void eval(V y, V* term) {
     term[0] = abs_lanes<T>(y);
   }
 };
-struct NonzeroTerm {  // [y ≠ 0]: count
+struct NonzeroTerm : WeightedTerms<NonzeroTerm, Fold::kSum> {  // [y ≠ 0]: count
   static constexpr int S = 1;
-  static constexpr bool kMax = false;
   template <class T, class V>
   static inline __attribute__((always_inline)) void eval(V y, V* term) {
     using IV = typename Vec<LaneInt<T>, sizeof(V)>::type;
     term[0] = (V)((y != 0) & (IV)(V{} + T(1)));
+  }
+};
+// max_prod: (max, min) over i of M_i·y and m_i·y, edges only (y ≠ 0); NaN
+// weights (no path through i, and the pad) give NaN values, which no fold takes.
+struct SignedMaxTerms {
+  static constexpr int S = 2;
+  static constexpr Fold kFolds[3] = {Fold::kMax, Fold::kMin, Fold::kMax};
+  static constexpr double kIdentity[3] = {-std::numeric_limits<double>::infinity(),
+                                          std::numeric_limits<double>::infinity(), 0.0};
+  static constexpr double kPadWeight = std::numeric_limits<double>::quiet_NaN();
+  template <class T, class V>
+  static inline __attribute__((always_inline)) void pair(V y, const T* wi, const V* wj, V* at_j, V* acc) {
+    const auto edge = y != 0;
+    const V absent = V{} + std::numeric_limits<T>::quiet_NaN();
+    auto fold_into = [&](V M, V m, V* into) {
+      const V p = M * y, q = m * y;  // which is larger depends on the sign of y
+      into[0] = fold<Fold::kMax>(into[0], V(edge ? (p > q ? p : q) : absent));
+      into[1] = fold<Fold::kMin>(into[1], V(edge ? (p < q ? p : q) : absent));
+    };
+    fold_into(V{} + wi[0], V{} + wi[1], at_j);
+    fold_into(wj[0], wj[1], acc);
   }
 };
 // φ(y) = |y| log|y| of a = |y|. y = 0 (no edge): both logs read the zero
@@ -379,47 +423,32 @@ inline __attribute__((always_inline)) V phi_lanes(V a) {
   if constexpr (sizeof(T) == 4 && sizeof(V) / sizeof(T) >= 8) return a * log_by_table(a);
   else return a * vector_log_normal<T, V>(a);
 }
-struct PhiTerm {  // φ(y): entropy's Σ w φ(y) on long rows, beside the sorted sums for Z and Σ w h |y|
+struct PhiTerm : WeightedTerms<PhiTerm, Fold::kSum> {  // entropy's Σ w φ(y) on long rows, beside the sorted sums
   static constexpr int S = 1;
-  static constexpr bool kMax = false;
   template <class T, class V>
   static inline __attribute__((always_inline)) void eval(V y, V* term) {
     term[0] = phi_lanes<T>(abs_lanes<T>(y));
   }
 };
-struct EntropyTerms {  // entropy's three sums in one pass: |y| (Z), |y| (weights w·h), φ(y)
+struct EntropyTerms : WeightedTerms<EntropyTerms, Fold::kSum> {  // three sums: |y| (Z), |y| (weights w·h), φ(y)
   static constexpr int S = 3;
-  static constexpr bool kMax = false;
   template <class T, class V>
   static inline __attribute__((always_inline)) void eval(V y, V* term) {
     const V a = abs_lanes<T>(y);
     term[0] = a, term[1] = a, term[2] = phi_lanes<T>(a);
   }
 };
-// The sum of a vector's lanes by halves (log2 L dependent adds, not L).
-template <class T, class V>
-inline __attribute__((always_inline)) T lanes_sum(V v) {
-  if constexpr (sizeof(V) == 2 * sizeof(T)) {
-    return v[0] + v[1];
+// The fold of a vector's lanes by halves.
+template <Fold F, class T, class V>
+inline __attribute__((always_inline)) T lanes_fold(V v) {
+  if constexpr (sizeof(V) == sizeof(T)) {
+    return v[0];
   } else {
     using H = typename Vec<T, sizeof(V) / 2>::type;
     H lo, hi;
     std::memcpy(&lo, &v, sizeof(H));
     std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(H), sizeof(H));
-    return lanes_sum<T>(lo + hi);
-  }
-}
-
-template <class T, class V>
-inline __attribute__((always_inline)) T lanes_max(V v) {
-  if constexpr (sizeof(V) == 2 * sizeof(T)) {
-    return std::max(v[0], v[1]);
-  } else {
-    using H = typename Vec<T, sizeof(V) / 2>::type;
-    H lo, hi;
-    std::memcpy(&lo, &v, sizeof(H));
-    std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(H), sizeof(H));
-    return lanes_max<T>(H(lo > hi ? lo : hi));
+    return lanes_fold<F, T>(fold<F>(lo, hi));
   }
 }
 
@@ -430,31 +459,29 @@ inline __attribute__((always_inline)) void pair_pass_impl(const T* x, const T* c
   static_assert(L <= kPairPad, "the pad must cover a vector");
   const T* w[S];
   T* out[S];  // in locals: not reloaded after every store (the build may not assume strict aliasing)
-  for (int s = 0; s < S; ++s) w[s] = w_rows[s], out[s] = out_rows[s], std::fill(out[s], out[s] + n + kPairPad, T(0));
+  for (int s = 0; s < S; ++s)
+    w[s] = w_rows[s], out[s] = out_rows[s], std::fill(out[s], out[s] + n + kPairPad, T(Terms::kIdentity[s]));
   for (int64_t i = 0; i < n; ++i) {
     const V xi = V{} + x[i];
     T wi[S];
     V acc[S];
-    for (int s = 0; s < S; ++s) wi[s] = w[s][i], acc[s] = V{};
+    for (int s = 0; s < S; ++s) wi[s] = w[s][i], acc[s] = V{} + T(Terms::kIdentity[s]);
     for (int64_t j = i + 1; j < n; j += L) {
-      V term[S];
+      V wj[S], at_j[S];
+      for (int s = 0; s < S; ++s) wj[s] = load<V>(w[s] + j), at_j[s] = load<V>(out[s] + j);
       // double lanes: the generic path's rounding of 1 + x·t (one_plus); float lanes: rounded once
-      if constexpr (sizeof(T) == 4) Terms::template eval<T, V>(one_plus_exact(load<V>(x + j), xi), term);
-      else Terms::template eval<T, V>(one_plus(load<V>(x + j), xi), term);
-      for (int s = 0; s < S; ++s) {
-        const V to_j = wi[s] * term[s], to_i = load<V>(w[s] + j) * term[s], at_j = load<V>(out[s] + j);
-        if constexpr (Terms::kMax) {
-          store(out[s] + j, V(to_j > at_j ? to_j : at_j));
-          acc[s] = to_i > acc[s] ? to_i : acc[s];
-        } else {
-          store(out[s] + j, at_j + to_j);
-          acc[s] += to_i;
-        }
-      }
+      if constexpr (sizeof(T) == 4) Terms::template pair<T, V>(one_plus_exact(load<V>(x + j), xi), wi, wj, at_j, acc);
+      else Terms::template pair<T, V>(one_plus(load<V>(x + j), xi), wi, wj, at_j, acc);
+      for (int s = 0; s < S; ++s) store(out[s] + j, at_j[s]);
     }
     for (int s = 0; s < S; ++s) {
-      if constexpr (Terms::kMax) out[s][i] = std::max(out[s][i], lanes_max<T>(acc[s]));
-      else out[s][i] += lanes_sum<T>(acc[s]);
+      using Lane = typename Vec<T, sizeof(T)>::type;  // one lane: the folds of scalars
+      const Lane here = Lane{} + out[s][i];
+      switch (Terms::kFolds[s]) {
+        case Fold::kSum: out[s][i] = fold<Fold::kSum>(here, Lane{} + lanes_fold<Fold::kSum, T>(acc[s]))[0]; break;
+        case Fold::kMax: out[s][i] = fold<Fold::kMax>(here, Lane{} + lanes_fold<Fold::kMax, T>(acc[s]))[0]; break;
+        case Fold::kMin: out[s][i] = fold<Fold::kMin>(here, Lane{} + lanes_fold<Fold::kMin, T>(acc[s]))[0]; break;
+      }
     }
   }
 }
@@ -492,18 +519,20 @@ auto pick_pair_pass() -> void (*)(const T*, const T* const*, T* const*, int64_t)
 
 // ---- the direct pass or the sorted sums, per row --------------------------------
 
-// Rows of at most kDirectMaxSums elements take the direct pair pass for abs,
-// count and log (and, when no winners are wanted, max_abs and viterbi), longer
-// ones the sorted range sums (SumRow) or the envelopes, by their measured cost
-// per row (whole kernel call, float32, AVX-512, one core, best of 3–5):
+// Rows of at most kDirectMax elements take the direct pair pass for abs,
+// count, log, entropy and max_prod (and, when no winners are wanted, max_abs
+// and viterbi), longer ones the sorted range sums (SumRow) or the envelopes,
+// by their measured cost per row (whole kernel call, float32, AVX-512, one
+// core, best of 3–5):
 //   abs      N = 384: direct 10.7 µs, sorted 14.5;  768: 34.6 / 31.2;  1024: 73 / 37;
 //   viterbi  N = 384: direct 19.1, envelope 23.6;  768: 45.6 / 30.1;
 //   max_abs  N = 384: direct 17.7, envelope 28.5;  768: 37.7 / 50.7;
+//   max_prod N = 384: direct 21.4, envelope 36.1;  768: 69.1 / 71.9;
 //   entropy  N = 384: direct (Z, Σ w h |y| and φ in one pass) 45.5, sorted sums
 //            + a φ-only pass 52.7;  512: 81.7 / 81.7.
 // TORCH_SEMIRING_NORM_PASS=direct|sorted forces one scheme (tests cover both;
 // read per call, a getenv is cheap next to a row).
-constexpr int64_t kDirectMaxSums = 512;
+constexpr int64_t kDirectMax = 512;
 bool direct_pays(int64_t n) {
   if (const char* forced = std::getenv("TORCH_SEMIRING_NORM_PASS")) {
     const std::string f = forced;
@@ -512,7 +541,7 @@ bool direct_pays(int64_t n) {
     TORCH_CHECK(f.empty() || f == "auto", "TORCH_SEMIRING_NORM_PASS=", f,
                 " is not a scheme: use direct, sorted or auto (unset: by row length)");
   }
-  return n <= kDirectMaxSums;
+  return n <= kDirectMax;
 }
 
 // Log-space callers shift by the row maximum into linear space; before the
@@ -546,7 +575,7 @@ void direct_row(bool single, const double* x, const double* const* w, double* co
     xs.assign(n + kPairPad, T(0));
     for (int64_t i = 0; i < n; ++i) xs[i] = T(x[i]);
     for (int s = 0; s < S; ++s) {
-      ws[s].assign(n + kPairPad, T(0)), os[s].resize(n + kPairPad);
+      ws[s].assign(n + kPairPad, T(Terms::kPadWeight)), os[s].resize(n + kPairPad);
       for (int64_t i = 0; i < n; ++i) ws[s][i] = T(w[s][i]);
       wp[s] = ws[s].data(), op[s] = os[s].data();
     }
@@ -1550,18 +1579,25 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const
   // Values are finite path products or the empty (−∞, +∞); anything else
   // (an infinite product, NaN) is left to the generic arithmetic.
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
+  const bool single = x_in.scalar_type() == at::kFloat;  // the direct pass in the graph's precision
+  const bool direct = direct_pays(n);
   std::atomic<bool> infinite_product{false};
   auto out = over_rows({M_in, m_in, x_in}, {Holds::AnyButNaN, Holds::AnyButNaN, Holds::Finite}, 2,
                        [&, n](int64_t, const double* const* in, double* const* o) {
     thread_local EnvelopeRow env;
-    thread_local std::vector<double> alpha, lo;
+    thread_local std::vector<double> alpha, lo, M, m;
     const double *Mr = in[0], *mr = in[1], *xr = in[2];
-    alpha.resize(2 * n), lo.resize(n);
+    alpha.resize(2 * n), lo.resize(n), M.resize(n), m.resize(n);
     const double nan = std::numeric_limits<double>::quiet_NaN();
     for (int64_t i = 0; i < n; ++i) {
       const bool none = Mr[i] == -kInf;
       if (!none && !(std::isfinite(Mr[i]) && std::isfinite(mr[i]))) infinite_product = true;
-      alpha[2 * i] = none ? nan : Mr[i], alpha[2 * i + 1] = none ? nan : mr[i];
+      alpha[2 * i] = M[i] = none ? nan : Mr[i], alpha[2 * i + 1] = m[i] = none ? nan : mr[i];
+    }
+    if (direct) {  // no line: the folds' identities (−∞, +∞)
+      const double* wv[] = {M.data(), m.data()};
+      direct_row<SignedMaxTerms>(single, xr, wv, o, n);
+      return;
     }
     env.new_row(xr, n);
     env.best_of(alpha.data(), 1.0, o[0]);

@@ -37,10 +37,12 @@
 //           gain), so its cost is the log: float rows (float32 graphs) take
 //           log|y| from a 16-entry table by one permute (AVX-512 / AVX2: ~17
 //           vector operations a pair-vector instead of ~26, −30 %).
-//   max (max_abs, viterbi; values only), rows of ≤ 512 elements: the direct
-//           pair pass with maxima instead of sums, O(N²/L) (N = 384: 18.6 vs
-//           28.5 µs a row for max_abs, 19 vs 24 for viterbi; float32, AVX-512).
-//   max, longer rows, with winners (path tracking) and max_prod:
+//   max (max_abs, viterbi; values only) and max_prod, rows of ≤ 512
+//           elements: the direct pair pass with maxima (max_prod: maxima and
+//           minima of M_i y and m_i y over the edges) instead of sums, O(N²/L)
+//           (N = 384: 18.6 vs 28.5 µs a row for max_abs, 19 vs 24 for viterbi,
+//           21 vs 36 for max_prod; float32, AVX-512).
+//   max, longer rows or with winners (path tracking):
 //           O(N log N) — the upper envelope of the 2N lines ±w_i(1 + x_i t)
 //           (max_prod: M_i(1 + x_i t), m_i(1 + x_i t)), evaluated at the sorted
 //           queries; where a query's best line is its own (i = j, excluded), its
