@@ -75,7 +75,8 @@ ROW_KINDS = ["random", "ties", "zero_weights", "near_sign_change", "zeros", "out
 @pytest.fixture(params=["direct", "sorted"])
 def norm_pass(request, monkeypatch):
     """Both schemes of the sum and max families (abs, count, log, entropy;
-    max_abs and viterbi without winners, max_prod): the direct pair pass (rows up to 512 elements)
+    max_abs and viterbi without winners, max_prod; kmax values, k ≤ 4): the
+    direct passes (rows up to 512 elements)
     and the sorted sums / envelopes (longer rows), forced through
     TORCH_SEMIRING_NORM_PASS whatever the row length."""
     monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", request.param)
@@ -149,13 +150,14 @@ def test_float32_rows(semiring, norm_pass):
     torch.testing.assert_close(got[finite], want[finite], rtol=2e-4, atol=2e-4)
 
 
-@pytest.mark.parametrize("semiring", ["entropy", "abs", "count", "log", "max_abs", "viterbi", "max_prod"])
+@pytest.mark.parametrize("semiring", ["entropy", "abs", "count", "log", "max_abs", "viterbi", "max_prod", "kmax"])
 @pytest.mark.parametrize("kind", ROW_KINDS)
 def test_float32_pair_pass_every_instruction_set(semiring, kind, isa, monkeypatch):
     # the float direct pair pass — entropy's φ (a table log where a vector
     # holds 8 or 16 floats, the polynomial one elsewhere), the |y| and [y ≠ 0]
     # sums of abs, count and log, the |y| maxima of max_abs and viterbi, the
-    # signed (max, min) of max_prod — against the float64 block version:
+    # signed (max, min) of max_prod, kmax's top 3 with queries in lanes —
+    # against the float64 block version:
     # |1 + x_i x_j| at and near 0 and 1 (zero weights, sign changes, x = 0),
     # ties, outliers
     monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", "direct")

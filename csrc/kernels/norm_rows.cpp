@@ -452,9 +452,11 @@ inline __attribute__((always_inline)) T lanes_fold(V v) {
   }
 }
 
-template <class T, class V, class Terms>
-inline __attribute__((always_inline)) void pair_pass_impl(const T* x, const T* const* w_rows, T* const* out_rows,
-                                                          int64_t n) {
+template <class Terms>
+struct PairPass {
+template <class T, class V>
+static inline __attribute__((always_inline)) void run(const T* x, const T* const* w_rows, T* const* out_rows,
+                                                      int64_t n) {
   constexpr int L = sizeof(V) / sizeof(T), S = Terms::S;
   static_assert(L <= kPairPad, "the pad must cover a vector");
   const T* w[S];
@@ -485,36 +487,120 @@ inline __attribute__((always_inline)) void pair_pass_impl(const T* x, const T* c
     }
   }
 }
+};
 
+// Whether some lane of v is above the same lane of thr (NaN: not): one
+// compare into a mask (AVX-512) or a move mask per vector width.
 #if defined(__x86_64__) || defined(__i386__)
-template <class T, class Terms>
-__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void pair_pass_avx512(
-    const T* x, const T* const* w, T* const* out, int64_t n) {
-  pair_pass_impl<T, typename Vec<T, 64>::type, Terms>(x, w, out, n);
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"))) inline bool any_above(Vec<float, 64>::type v,
+                                                                                        Vec<float, 64>::type thr) {
+  return _mm512_cmp_ps_mask((__m512)v, (__m512)thr, _CMP_GT_OQ) != 0;
 }
-template <class T, class Terms>
-__attribute__((target("avx2,fma"), flatten)) void pair_pass_avx2(const T* x, const T* const* w, T* const* out,
-                                                                 int64_t n) {
-  pair_pass_impl<T, typename Vec<T, 32>::type, Terms>(x, w, out, n);
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"))) inline bool any_above(Vec<double, 64>::type v,
+                                                                                        Vec<double, 64>::type thr) {
+  return _mm512_cmp_pd_mask((__m512d)v, (__m512d)thr, _CMP_GT_OQ) != 0;
+}
+__attribute__((target("avx2,fma"))) inline bool any_above(Vec<float, 32>::type v, Vec<float, 32>::type thr) {
+  return _mm256_movemask_ps(_mm256_cmp_ps((__m256)v, (__m256)thr, _CMP_GT_OQ)) != 0;
+}
+__attribute__((target("avx2,fma"))) inline bool any_above(Vec<double, 32>::type v, Vec<double, 32>::type thr) {
+  return _mm256_movemask_pd(_mm256_cmp_pd((__m256d)v, (__m256d)thr, _CMP_GT_OQ)) != 0;
+}
+inline bool any_above(Vec<float, 16>::type v, Vec<float, 16>::type thr) {
+  return _mm_movemask_ps(_mm_cmpgt_ps((__m128)v, (__m128)thr)) != 0;
+}
+inline bool any_above(Vec<double, 16>::type v, Vec<double, 16>::type thr) {
+  return _mm_movemask_pd(_mm_cmpgt_pd((__m128d)v, (__m128d)thr)) != 0;
+}
+#else
+template <class V>
+inline bool any_above(V v, V thr) {
+  const auto m = v > thr;
+  for (int l = 0; l < int(sizeof(V) / sizeof(v[0])); ++l)
+    if (m[l]) return true;
+  return false;
 }
 #endif
-template <class T, class Terms>
-__attribute__((flatten)) void pair_pass_portable(const T* x, const T* const* w, T* const* out, int64_t n) {
-  pair_pass_impl<T, typename Vec<T, 16>::type, Terms>(x, w, out, n);
+
+// kmax values (no winners) on short rows: the K largest of α_c[i]·|1 + x_i x_j|
+// over i ≠ j and the K entries c of each i, queries in lanes — a vector of
+// queries keeps its K best in registers while the candidates i go by as
+// scalars, largest α_0 first (roughly: by size group). A candidate none of
+// whose lanes beats the vector's K-th best is skipped in one compare, and so
+// are its later entries (α_c falls with c): once the lists hold large values
+// most candidates are. O(N²/L) steps with a compare, plus 2K per insertion.
+// Inputs: x the queries (n, padded to whole vectors); w[0], w[1]: the
+// candidates' x and index i (as T), w[2 + c]: their α_c ≥ 0, candidates in
+// order, the rest (to n) with α_0 = 0; out[c]: the c-th best, 0 where none.
+template <int K>
+struct TopKLanes {
+  template <class T, class V>
+  static inline __attribute__((always_inline)) void insert(V* best, V v) {  // best descending, the last drops
+    for (int c = 0; c < K; ++c) {
+      const V high = v > best[c] ? v : best[c];
+      v = v > best[c] ? best[c] : v;
+      best[c] = high;
+    }
+  }
+  template <class T, class V>
+  static inline __attribute__((always_inline)) void run(const T* x, const T* const* w, T* const* out, int64_t n) {
+    constexpr int L = sizeof(V) / sizeof(T);
+    const T *cx = w[0], *ci = w[1];
+    for (int64_t j0 = 0; j0 < n; j0 += L) {
+      const V t = load<V>(x + j0);
+      V query;  // each lane's own index, to drop the pair i = j
+      for (int l = 0; l < L; ++l) query[l] = T(j0 + l);
+      V best[K];
+      for (int c = 0; c < K; ++c) best[c] = V{};
+      for (int64_t q = 0; q < n && w[2][q] > 0; ++q) {  // α_0 = 0: the candidates are over
+        V y;
+        if constexpr (sizeof(T) == 4) y = one_plus_exact(V{} + cx[q], t);
+        else y = one_plus(V{} + cx[q], t);
+        const V a = query == ci[q] ? V{} : abs_lanes<T>(y);  // no edge to itself; y = 0 gives 0 anyway
+        for (int c = 0; c < K; ++c) {
+          const V v = a * w[2 + c][q];
+          if (!any_above(v, best[K - 1])) break;  // no lane enters, nor with the smaller α of later entries
+          insert<T, V>(best, v);
+        }
+      }
+      for (int c = 0; c < K; ++c) store(out[c] + j0, best[c]);
+    }
+  }
+};
+
+// A row pass is a struct with `template <class T, class V> static void run(x,
+// w, out, n)` over rows of T in vectors V; these compile it for AVX-512, AVX2
+// and the baseline's 16 bytes, and pick_row_pass returns this machine's
+// (TORCH_SEMIRING_KERNEL_ISA lowers it, as for the GEMM kernels).
+template <class T>
+using RowPass = void (*)(const T*, const T* const*, T* const*, int64_t);
+#if defined(__x86_64__) || defined(__i386__)
+template <class T, class Pass>
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void row_pass_avx512(
+    const T* x, const T* const* w, T* const* out, int64_t n) {
+  Pass::template run<T, typename Vec<T, 64>::type>(x, w, out, n);
+}
+template <class T, class Pass>
+__attribute__((target("avx2,fma"), flatten)) void row_pass_avx2(const T* x, const T* const* w, T* const* out,
+                                                                int64_t n) {
+  Pass::template run<T, typename Vec<T, 32>::type>(x, w, out, n);
+}
+#endif
+template <class T, class Pass>
+__attribute__((flatten)) void row_pass_portable(const T* x, const T* const* w, T* const* out, int64_t n) {
+  Pass::template run<T, typename Vec<T, 16>::type>(x, w, out, n);
 }
 
 #pragma GCC pop_options
 
-// The pair pass for this machine's instruction set (TORCH_SEMIRING_KERNEL_ISA
-// lowers it, as for the GEMM kernels).
-template <class T, class Terms>
-auto pick_pair_pass() -> void (*)(const T*, const T* const*, T* const*, int64_t) {
+template <class T, class Pass>
+RowPass<T> pick_row_pass() {
   const std::string isa = kernel_isa();
 #if defined(__x86_64__) || defined(__i386__)
-  if (isa == "avx512") return &pair_pass_avx512<T, Terms>;
-  if (isa == "avx2") return &pair_pass_avx2<T, Terms>;
+  if (isa == "avx512") return &row_pass_avx512<T, Pass>;
+  if (isa == "avx2") return &row_pass_avx2<T, Pass>;
 #endif
-  return &pair_pass_portable<T, Terms>;
+  return &row_pass_portable<T, Pass>;
 }
 
 // ---- the direct pass or the sorted sums, per row --------------------------------
@@ -579,7 +665,7 @@ void direct_row(bool single, const double* x, const double* const* w, double* co
       for (int64_t i = 0; i < n; ++i) ws[s][i] = T(w[s][i]);
       wp[s] = ws[s].data(), op[s] = os[s].data();
     }
-    pick_pair_pass<T, Terms>()(xs.data(), wp, op, n);
+    pick_row_pass<T, PairPass<Terms>>()(xs.data(), wp, op, n);
     for (int s = 0; s < S; ++s)
       for (int64_t i = 0; i < n; ++i) out[s][i] = double(os[s][i]);
   };
@@ -962,6 +1048,12 @@ struct EnvelopeRow {
   }
 };
 
+// Positive weights by size: group g holds α ∈ [2^-g, 2^(1-g)), α below 2^-60
+// share the last group (an O(N) counting sort by group orders them roughly,
+// largest first).
+constexpr int kSizeGroups = 62;
+inline int size_group(double alpha) { return std::min(kSizeGroups - 1, std::max(0, -std::ilogb(alpha))); }
+
 // ---- the top K of a few candidates at every query, vectorised --------------------
 
 // Candidates α_l·L(1 + x_l t) as structure of arrays, padded to whole vectors
@@ -995,16 +1087,15 @@ struct CandidateLanes {
 };
 
 // `from` (abs lines, α > 0) regrouped into `to` by the binary exponent of α,
-// largest first, stable within a group (a counting sort: O(N)); α below 2^-60
-// share the last group.
+// largest first, stable within a group (a counting sort: O(N)).
 void group_by_size(const CandidateLanes& from, CandidateLanes& to) {
-  constexpr int kGroups = 62;
+  constexpr int kGroups = kSizeGroups;
   thread_local std::vector<int8_t> group;
   int64_t count[kGroups] = {}, cursor[kGroups];
   double xmax[kGroups] = {};
   group.resize(from.count);
   for (int64_t l = 0; l < from.count; ++l) {
-    const int g = std::min(kGroups - 1, std::max(0, -std::ilogb(from.alpha[l])));  // α ∈ [2^-g, 2^(1-g))
+    const int g = size_group(from.alpha[l]);
     group[l] = int8_t(g), count[g]++, xmax[g] = std::max(xmax[g], std::abs(from.x[l]));
   }
   to.clear();
@@ -1608,6 +1699,48 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const
   return {out[0], out[1]};
 }
 
+// One row of kmax values by TopKLanes (K ≤ kTopKLanesMax) in the graph's
+// precision (single: float lanes): best[c·n + j], linear, 0 where none; alpha
+// (K·n, entry c of element i at c·n + i) ≥ 0, falling with c.
+constexpr int64_t kTopKLanesMax = 4;
+void topk_lanes_row(bool single, int64_t K, const double* x, const double* alpha, int64_t n, double* best) {
+  thread_local std::vector<int32_t> order;
+  int64_t count[kSizeGroups] = {}, cursor[kSizeGroups];
+  for (int64_t i = 0; i < n; ++i)
+    if (alpha[i] > 0) count[size_group(alpha[i])]++;
+  int64_t m = 0;
+  for (int g = 0; g < kSizeGroups; ++g) cursor[g] = m, m += count[g];
+  order.resize(m);
+  for (int64_t i = 0; i < n; ++i)
+    if (alpha[i] > 0) order[cursor[size_group(alpha[i])]++] = int32_t(i);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    thread_local std::vector<T> xq, lanes[2 + kTopKLanesMax], outs[kTopKLanesMax];
+    const int64_t padded = n + kPairPad;
+    xq.assign(padded, T(0));
+    for (int64_t i = 0; i < n; ++i) xq[i] = T(x[i]);
+    const T* w[2 + kTopKLanesMax];
+    T* o[kTopKLanesMax];
+    for (int64_t r = 0; r < 2 + K; ++r) lanes[r].assign(padded, T(r == 1 ? -1 : 0)), w[r] = lanes[r].data();
+    for (int64_t q = 0; q < m; ++q) {
+      const int32_t i = order[q];
+      lanes[0][q] = T(x[i]), lanes[1][q] = T(i);
+      for (int64_t c = 0; c < K; ++c) lanes[2 + c][q] = T(alpha[c * n + i]);
+    }
+    for (int64_t c = 0; c < K; ++c) outs[c].resize(padded), o[c] = outs[c].data();
+    switch (K) {
+      case 1: pick_row_pass<T, TopKLanes<1>>()(xq.data(), w, o, n); break;
+      case 2: pick_row_pass<T, TopKLanes<2>>()(xq.data(), w, o, n); break;
+      case 3: pick_row_pass<T, TopKLanes<3>>()(xq.data(), w, o, n); break;
+      default: pick_row_pass<T, TopKLanes<4>>()(xq.data(), w, o, n); break;
+    }
+    for (int64_t c = 0; c < K; ++c)
+      for (int64_t j = 0; j < n; ++j) best[c * n + j] = double(outs[c][j]);
+  };
+  if (single) run(float{});
+  else run(double{});
+}
+
 at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor* argmax) {
   // CPU only, checked before winners' data is touched (over_rows checks the rest)
   if (!a_in.defined() || a_in.dim() != 3 || x_in.dim() != 2 || !a_in.device().is_cpu()) return {};
@@ -1618,6 +1751,8 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
   ins.push_back(x_in), what.push_back(Holds::Finite);
   auto winners = at::empty({K, R, n}, x_in.options().dtype(at::kInt));
   int32_t* pwin = winners.data_ptr<int32_t>();
+  const bool single = x_in.scalar_type() == at::kFloat;           // the direct pass in the graph's precision
+  const bool lanes = !argmax && K <= kTopKLanesMax && direct_pays(n);  // values only: winners come from the merge
   auto out = over_rows(ins, what, int(K), [&](int64_t r, const double* const* in, double* const* o) {
     thread_local TopCandidates top;
     thread_local RadixSorter sorter;
@@ -1641,23 +1776,30 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
       return;
     }
     for (int64_t c = 0; c < K; ++c) exp_shifted(in[c], top_score, linear.data() + c * n, n);
-    candidates.clear();
-    for (int64_t i = 0; i < n; ++i)
-      for (int64_t c = 0; c < K; ++c) {
-        const double v = linear[c * n + i];
-        if (!(v > 0)) break;  // scores descend: the rest are no paths (or underflow, see below)
-        candidates.push(v, xr[i], double(i), int32_t(i * K + c));
-      }
-    candidates.pad();
-    sorter.sort(xr, n, by_query.data());
-    top.run(candidates, /*abs_lines=*/true, K, K, xr, n, by_query.data(), std::numeric_limits<int64_t>::max(),
-            best.data(), tags.data());
+    double guard = kUnderflowGuard;
+    if (lanes) {
+      guard = flush_for_direct(linear, K * n, single);
+      topk_lanes_row(single, K, xr, linear.data(), n, best.data());
+      std::fill(tags.begin(), tags.end(), -1);
+    } else {
+      candidates.clear();
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t c = 0; c < K; ++c) {
+          const double v = linear[c * n + i];
+          if (!(v > 0)) break;  // scores descend: the rest are no paths (or underflow, see below)
+          candidates.push(v, xr[i], double(i), int32_t(i * K + c));
+        }
+      candidates.pad();
+      sorter.sort(xr, n, by_query.data());
+      top.run(candidates, /*abs_lines=*/true, K, K, xr, n, by_query.data(), std::numeric_limits<int64_t>::max(),
+              best.data(), tags.data());
+    }
     log_shifted(best.data(), top_score, logs.data(), K * n);
     for (int64_t j = 0; j < n; ++j) {
       const double t = xr[j];
       // Underflow guard: the K-th slot may miss candidates whose e^{a − top}
       // fell below the double range; recompute such a query in log space.
-      if (!(best[(K - 1) * n + j] >= kUnderflowGuard * double(n * K) * (1.0 + xmax * std::abs(t)))) {
+      if (!(best[(K - 1) * n + j] >= guard * double(n * K) * (1.0 + xmax * std::abs(t)))) {
         int64_t m = 0;
         for (int64_t i = 0; i < n; ++i) {
           const double y = one_plus(xr[i], t);
