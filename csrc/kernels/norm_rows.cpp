@@ -616,10 +616,12 @@ RowPass<T> pick_row_pass() {
 //   max_prod N = 384: direct 21.4, envelope 36.1;  768: 69.1 / 71.9;
 //   entropy  N = 384: direct (Z, Σ w h |y| and φ in one pass) 45.5, sorted sums
 //            + a φ-only pass 52.7;  512: 81.7 / 81.7.
+//   kmax(4) values by TopKLanes: N = 384: 42 vs 107 by the pruned merge;
+//            768: 111 / 211;  1024: 195 / 252 — its own cut, kDirectMaxTopK.
 // TORCH_SEMIRING_NORM_PASS=direct|sorted forces one scheme (tests cover both;
 // read per call, a getenv is cheap next to a row).
-constexpr int64_t kDirectMax = 512;
-bool direct_pays(int64_t n) {
+constexpr int64_t kDirectMax = 512, kDirectMaxTopK = 1024;
+bool direct_pays(int64_t n, int64_t direct_max = kDirectMax) {
   if (const char* forced = std::getenv("TORCH_SEMIRING_NORM_PASS")) {
     const std::string f = forced;
     if (f == "direct") return true;
@@ -627,7 +629,7 @@ bool direct_pays(int64_t n) {
     TORCH_CHECK(f.empty() || f == "auto", "TORCH_SEMIRING_NORM_PASS=", f,
                 " is not a scheme: use direct, sorted or auto (unset: by row length)");
   }
-  return n <= kDirectMax;
+  return n <= direct_max;
 }
 
 // Log-space callers shift by the row maximum into linear space; before the
@@ -1752,7 +1754,7 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
   auto winners = at::empty({K, R, n}, x_in.options().dtype(at::kInt));
   int32_t* pwin = winners.data_ptr<int32_t>();
   const bool single = x_in.scalar_type() == at::kFloat;           // the direct pass in the graph's precision
-  const bool lanes = !argmax && K <= kTopKLanesMax && direct_pays(n);  // values only: winners come from the merge
+  const bool lanes = !argmax && K <= kTopKLanesMax && direct_pays(n, kDirectMaxTopK);  // values only (no winners)
   auto out = over_rows(ins, what, int(K), [&](int64_t r, const double* const* in, double* const* o) {
     thread_local TopCandidates top;
     thread_local RadixSorter sorter;

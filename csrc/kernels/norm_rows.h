@@ -51,11 +51,11 @@
 //           a lower bound of every answer are dropped; when few are left (values
 //           spread over orders of magnitude, as in log space) each query takes
 //           the best of them directly.
-//   top-k values (no winners), k ≤ 4, rows of ≤ 512 elements: queries in
+//   top-k values (no winners), k ≤ 4, rows of ≤ 1024 elements: queries in
 //           vector lanes keep their k best in registers while the candidates
 //           go by largest first, a candidate that no lane takes skipped by one
-//           compare: O(N²/L) steps plus 2k per insertion (N = 384: ~41–68 vs
-//           ~115 µs a row by the merge below; float32, AVX-512).
+//           compare: O(N²/L) steps plus 2k per insertion (N = 384: 42 vs 107
+//           µs a row by the merge below, 1024: 195 vs 252; float32, AVX-512).
 //   top-k otherwise: the same bound for the k-th best answer, per block of 32 sorted
 //           queries (the bounds: two vector passes over the Nk candidates,
 //           O(Nk/L) steps a block plus O(k²) per insertion into the kept lows),
