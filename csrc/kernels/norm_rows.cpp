@@ -357,7 +357,7 @@ inline __attribute__((always_inline)) V fold(V acc, V v) {
 
 // The terms of one pass: S series, each with its Fold, its identity (the
 // value of an output without terms) and the weight of the pad lanes; pair()
-// folds one vector of pairs into the outputs at j and the accumulators of i.
+// folds the vector of pairs (i, j…) into out[s][j…] and the accumulators of i.
 // WeightedTerms: w_s·term_s(y), eval(y, term) filling term[0..S), folded by F
 // (w ≥ 0 for kMax: 0 is "no path").
 template <class Derived, Fold F>
@@ -366,11 +366,14 @@ struct WeightedTerms {
   static constexpr double kIdentity[3] = {0.0, 0.0, 0.0};
   static constexpr double kPadWeight = 0.0;  // a pad term is 0·term(1) = 0
   template <class T, class V>
-  static inline __attribute__((always_inline)) void pair(V y, const T* wi, const V* wj, V* at_j, V* acc) {
+  static inline __attribute__((always_inline)) void pair(V y, const T* wi, const T* const* w, T* const* out,
+                                                         int64_t j, V* acc) {
     V term[Derived::S];
-    Derived::template eval<T, V>(y, term);
-    for (int s = 0; s < Derived::S; ++s)
-      at_j[s] = fold<F>(at_j[s], wi[s] * term[s]), acc[s] = fold<F>(acc[s], wj[s] * term[s]);
+    Derived::template eval<T, V>(y, term);  // first: the loads below would only hold registers across it
+    for (int s = 0; s < Derived::S; ++s) {
+      store(out[s] + j, fold<F>(load<V>(out[s] + j), wi[s] * term[s]));
+      acc[s] = fold<F>(acc[s], load<V>(w[s] + j) * term[s]);
+    }
   }
 };
 struct AbsTerm : WeightedTerms<AbsTerm, Fold::kSum> {  // |y|: abs, and log's linear-space sums
@@ -404,7 +407,8 @@ struct SignedMaxTerms {
                                           std::numeric_limits<double>::infinity(), 0.0};
   static constexpr double kPadWeight = std::numeric_limits<double>::quiet_NaN();
   template <class T, class V>
-  static inline __attribute__((always_inline)) void pair(V y, const T* wi, const V* wj, V* at_j, V* acc) {
+  static inline __attribute__((always_inline)) void pair(V y, const T* wi, const T* const* w, T* const* out,
+                                                         int64_t j, V* acc) {
     const auto edge = y != 0;
     const V absent = V{} + std::numeric_limits<T>::quiet_NaN();
     auto fold_into = [&](V M, V m, V* into) {
@@ -412,8 +416,10 @@ struct SignedMaxTerms {
       into[0] = fold<Fold::kMax>(into[0], V(edge ? (p > q ? p : q) : absent));
       into[1] = fold<Fold::kMin>(into[1], V(edge ? (p < q ? p : q) : absent));
     };
+    V at_j[2] = {load<V>(out[0] + j), load<V>(out[1] + j)};
     fold_into(V{} + wi[0], V{} + wi[1], at_j);
-    fold_into(wj[0], wj[1], acc);
+    store(out[0] + j, at_j[0]), store(out[1] + j, at_j[1]);
+    fold_into(load<V>(w[0] + j), load<V>(w[1] + j), acc);
   }
 };
 // φ(y) = |y| log|y| of a = |y|. y = 0 (no edge): both logs read the zero
@@ -469,12 +475,9 @@ static inline __attribute__((always_inline)) void run(const T* x, const T* const
     V acc[S];
     for (int s = 0; s < S; ++s) wi[s] = w[s][i], acc[s] = V{} + T(Terms::kIdentity[s]);
     for (int64_t j = i + 1; j < n; j += L) {
-      V wj[S], at_j[S];
-      for (int s = 0; s < S; ++s) wj[s] = load<V>(w[s] + j), at_j[s] = load<V>(out[s] + j);
       // double lanes: the generic path's rounding of 1 + x·t (one_plus); float lanes: rounded once
-      if constexpr (sizeof(T) == 4) Terms::template pair<T, V>(one_plus_exact(load<V>(x + j), xi), wi, wj, at_j, acc);
-      else Terms::template pair<T, V>(one_plus(load<V>(x + j), xi), wi, wj, at_j, acc);
-      for (int s = 0; s < S; ++s) store(out[s] + j, at_j[s]);
+      if constexpr (sizeof(T) == 4) Terms::template pair<T, V>(one_plus_exact(load<V>(x + j), xi), wi, w, out, j, acc);
+      else Terms::template pair<T, V>(one_plus(load<V>(x + j), xi), wi, w, out, j, acc);
     }
     for (int s = 0; s < S; ++s) {
       using Lane = typename Vec<T, sizeof(T)>::type;  // one lane: the folds of scalars
