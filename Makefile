@@ -68,6 +68,7 @@ tiny-demo: build
 # `benchmarks/run.py --models …` run a part (benchmarks/README.md).
 bench: build
 	$(VPY) benchmarks/kernels.py
+	$(VPY) benchmarks/norm_rows.py
 	$(VPY) benchmarks/run.py
 	$(VPY) benchmarks/preload.py
 

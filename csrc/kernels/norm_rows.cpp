@@ -610,17 +610,18 @@ RowPass<T> pick_row_pass() {
 
 // Rows of at most kDirectMax elements take the direct pair pass for abs,
 // count, log, entropy and max_prod (and, when no winners are wanted, max_abs
-// and viterbi), longer ones the sorted range sums (SumRow) or the envelopes,
-// by their measured cost per row (whole kernel call, float32, AVX-512, one
-// core, best of 3–5):
-//   abs      N = 384: direct 10.7 µs, sorted 14.5;  768: 34.6 / 31.2;  1024: 73 / 37;
-//   viterbi  N = 384: direct 19.1, envelope 23.6;  768: 45.6 / 30.1;
-//   max_abs  N = 384: direct 17.7, envelope 28.5;  768: 37.7 / 50.7;
-//   max_prod N = 384: direct 21.4, envelope 36.1;  768: 69.1 / 71.9;
-//   entropy  N = 384: direct (Z, Σ w h |y| and φ in one pass) 45.5, sorted sums
-//            + a φ-only pass 52.7;  512: 81.7 / 81.7.
-//   kmax(4) values by TopKLanes: N = 384: 42 vs 107 by the pruned merge;
-//            768: 111 / 211;  1024: 195 / 252 — its own cut, kDirectMaxTopK.
+// and viterbi), longer ones the sorted range sums (SumRow) or the envelopes;
+// kmax values (k ≤ 4) take TopKLanes up to kDirectMaxTopK. By their measured
+// cost, µs a row (benchmarks/norm_rows.py: 64 float32 rows, AVX-512, one
+// core, best of 7; direct / sorted):
+//             N = 384       512          768          1024
+//   abs        10.4 / 13.4  15.7 / 18.2  31.9 / 27.1  66.3 / 36.7
+//   log        12.2 / 15.9  18.9 / 21.0  49.2 / 31.5  72.7 / 42.1
+//   entropy    48.6 / 59.9  80.6 / 89.7  172 / 171    287 / 256
+//   max_abs    12.5 / 17.8  18.4 / 23.8  36.5 / 34.6  65.5 / 44.7
+//   viterbi    14.6 / 17.3  26.6 / 22.7  46.9 / 34.9  71.0 / 45.3
+//   max_prod   24.2 / 32.1  35.9 / 41.4  71.7 / 61.5  115 / 80.0
+//   kmax(4)    52.5 / 125   76.8 / 163   138 / 237    206 / 322
 // TORCH_SEMIRING_NORM_PASS=direct|sorted forces one scheme (tests cover both;
 // read per call, a getenv is cheap next to a row).
 constexpr int64_t kDirectMax = 512, kDirectMaxTopK = 1024;

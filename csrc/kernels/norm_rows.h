@@ -21,7 +21,8 @@
 //           (L lanes) — each pair's |y| (or [y ≠ 0]) computed once for both
 //           orders, in the graph's precision (float rows: 16 lanes on AVX-512),
 //           a sum of non-negative terms; below ~600 elements it is cheaper than
-//           the sorted sums (MiniLM's 384: 10.7 vs 14.5 µs a row).
+//           the sorted sums (MiniLM's 384: 10.4 vs 13.4 µs a row, abs;
+//           benchmarks/norm_rows.py gives every semiring and length).
 //   sums, longer rows: O(N log N) — |1 + x_i t| changes sign once in the sorted x (at
 //           x = −1/t), so each side is Σw + t·Σw·x over a range of the sorted
 //           row, read from a disjoint sparse table (range sums with no
@@ -32,7 +33,7 @@
 //           φ(y) = |y| log|y|, which separates in no way: the direct pair pass
 //           (φ_ij = φ_ji: N(N−1)/2 logarithms), O(N²/L), never storing the
 //           block — on rows of ≤ 512 elements one pass for all three sums
-//           (N = 384: 45.5 vs 52.7 µs a row with the sorted sums beside it). It is bound by vector throughput (the row stays
+//           (N = 384: 48.6 vs 59.9 µs a row with the sorted sums beside it). It is bound by vector throughput (the row stays
 //           in L1: no cache blocking pays; blocking 2–4 rows measured no
 //           gain), so its cost is the log: float rows (float32 graphs) take
 //           log|y| from a 16-entry table by one permute (AVX-512 / AVX2: ~17
@@ -40,8 +41,8 @@
 //   max (max_abs, viterbi; values only) and max_prod, rows of ≤ 512
 //           elements: the direct pair pass with maxima (max_prod: maxima and
 //           minima of M_i y and m_i y over the edges) instead of sums, O(N²/L)
-//           (N = 384: 18.6 vs 28.5 µs a row for max_abs, 19 vs 24 for viterbi,
-//           21 vs 36 for max_prod; float32, AVX-512).
+//           (N = 384: 12.5 vs 17.8 µs a row for max_abs, 14.6 vs 17.3 for
+//           viterbi, 24.2 vs 32.1 for max_prod; float32, AVX-512).
 //   max, longer rows or with winners (path tracking):
 //           O(N log N) — the upper envelope of the 2N lines ±w_i(1 + x_i t)
 //           (max_prod: M_i(1 + x_i t), m_i(1 + x_i t)), evaluated at the sorted
@@ -54,8 +55,8 @@
 //   top-k values (no winners), k ≤ 4, rows of ≤ 1024 elements: queries in
 //           vector lanes keep their k best in registers while the candidates
 //           go by largest first, a candidate that no lane takes skipped by one
-//           compare: O(N²/L) steps plus 2k per insertion (N = 384: 42 vs 107
-//           µs a row by the merge below, 1024: 195 vs 252; float32, AVX-512).
+//           compare: O(N²/L) steps plus 2k per insertion (N = 384: 52.5 vs 125
+//           µs a row by the merge below, 1024: 206 vs 322; float32, AVX-512).
 //   top-k otherwise: the same bound for the k-th best answer, per block of 32 sorted
 //           queries (the bounds: two vector passes over the Nk candidates,
 //           O(Nk/L) steps a block plus O(k²) per insertion into the kept lows),

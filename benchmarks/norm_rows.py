@@ -1,0 +1,79 @@
+"""Per-row cost of the layer-norm kernels (csrc/kernels/norm_rows.cpp), both schemes.
+
+For each semiring with a row kernel and each row length, the time of
+`Semiring.norm_offdiagonal(a, x)` on 64 rows (float32, as in a float32 model;
+x a layer-normalised row, a random semiring value), per row, with the direct
+passes (TORCH_SEMIRING_NORM_PASS=direct) and with the sorted sums / envelopes /
+pruned merge (=sorted), alternated, best of `--repeats` medians. What the
+cut-offs in norm_rows.cpp (kDirectMax, kDirectMaxTopK) are chosen from. One
+thread. A benchmark, not a test.
+
+    PYTHONPATH=python python benchmarks/norm_rows.py [--n 384,768,1024] [--semirings abs,kmax] [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from torch_semiring import _C
+
+SEMIRINGS = ["abs", "count", "log", "entropy", "max_abs", "viterbi", "max_prod", "kmax"]
+ROWS = 64
+
+
+def value(sr, shape, g):
+    """A value of `sr`: the lift of random weights ⊕ a product of two (zeros where w = 0)."""
+    def w():
+        t = torch.randn(*shape, generator=g, dtype=torch.float64)
+        t[torch.rand(*shape, generator=g) < 0.05] = 0.0
+        return t
+    return sr.oplus(sr.lift(w()), sr.otimes(sr.lift(w()), sr.lift(w()))).float()
+
+
+def per_row_us(sr, a, x, scheme, calls):
+    os.environ["TORCH_SEMIRING_NORM_PASS"] = scheme
+    sr.norm_offdiagonal(a, x)  # warm-up
+    times = []
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        sr.norm_offdiagonal(a, x)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) / ROWS * 1e6
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--n", default="384,768,1024")
+    ap.add_argument("--semirings", default=",".join(SEMIRINGS))
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, ISA {_C.kernel_isa()}, "
+          f"1 thread, {time.strftime('%Y-%m-%d %H:%M')}; µs per row of {ROWS} (float32), best of "
+          f"{args.repeats} medians")
+    print(f"{'semiring':10s} {'N':>5s} {'direct':>9s} {'sorted':>9s}")
+    for name in args.semirings.split(","):
+        sr = _C.make_semiring(name, 4 if name == "kmax" else 1)
+        for n in (int(v) for v in args.n.split(",")):
+            g = torch.Generator().manual_seed(n)
+            x = F.layer_norm(torch.randn(ROWS, n, generator=g, dtype=torch.float64), (n,)).float()
+            a = value(sr, (ROWS, n), g)
+            calls = max(3, int(2e5 / (n * n) * 8))
+            best = {"direct": float("inf"), "sorted": float("inf")}
+            for _ in range(args.repeats):
+                for scheme in best:
+                    best[scheme] = min(best[scheme], per_row_us(sr, a, x, scheme, calls))
+            print(f"{name:10s} {n:5d} {best['direct']:9.1f} {best['sorted']:9.1f}", flush=True)
+    os.environ.pop("TORCH_SEMIRING_NORM_PASS", None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
