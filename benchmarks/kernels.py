@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -38,6 +37,8 @@ import time
 import torch
 
 from torch_semiring import _C
+
+from machine import one_thread_header  # benchmarks/machine.py (this folder is on the path as a script)
 
 REPEATS = int(os.environ.get("BENCH_REPEATS", "7"))
 SEMIRINGS = ("viterbi", "max_abs", "max_prod", "log", "entropy", "kmax")
@@ -96,11 +97,9 @@ def median_s(fn, repeats, warmup=True):
 
 
 def main() -> int:
-    torch.set_num_threads(1)
+    print(one_thread_header("fp32", f"median of {REPEATS} (fewer on the big shapes)") + "\n")
     gen = torch.Generator().manual_seed(0)
     rows = []
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, kernel ISA "
-          f"{_C.kernel_isa()}, 1 thread, fp32, median of {REPEATS} (fewer on the big shapes)\n")
     print(f"{'shape':<32} {'product':<26} {'ms':>9} {'G terms/s':>10} {'x torch.mm time':>16}")
 
     def emit(shape, product, t, terms, base, note=""):

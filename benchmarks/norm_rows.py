@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
@@ -23,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 from torch_semiring import _C
+
+from machine import one_thread_header  # benchmarks/machine.py (this folder is on the path as a script)
 
 SEMIRINGS = ["abs", "count", "log", "entropy", "max_abs", "viterbi", "max_prod", "kmax"]
 ROWS = 64
@@ -54,10 +55,7 @@ def main() -> int:
     ap.add_argument("--semirings", default=",".join(SEMIRINGS))
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, ISA {_C.kernel_isa()}, "
-          f"1 thread, {time.strftime('%Y-%m-%d %H:%M')}; µs per row of {ROWS} (float32), best of "
-          f"{args.repeats} medians")
+    print(one_thread_header(f"µs per row of {ROWS} (float32), best of {args.repeats} medians"))
     print(f"{'semiring':10s} {'N':>5s} {'direct':>9s} {'sorted':>9s}")
     for name in args.semirings.split(","):
         sr = _C.make_semiring(name, 4 if name == "kmax" else 1)

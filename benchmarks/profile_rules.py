@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import os
-import platform
 import statistics
 import sys
 import time
@@ -26,6 +25,7 @@ import time
 import torch
 
 import models  # benchmarks/models.py (this folder is on the path when run as a script)
+from machine import one_thread_header
 
 SEMIRINGS = ["real", "viterbi", "max_abs", "abs", "count", "log", "entropy", "max_prod", "kmax"]
 
@@ -49,9 +49,7 @@ def main() -> int:
     ap.add_argument("--semirings", default=",".join(SEMIRINGS))
     ap.add_argument("--top", type=int, default=6)
     args = ap.parse_args()
-    torch.set_num_threads(1)
-    print(f"torch {torch.__version__}, {platform.processor() or platform.machine()}, 1 thread, "
-          f"{time.strftime('%Y-%m-%d %H:%M')}")
+    print(one_thread_header())
     for name in args.models.split(","):
         forward, inputs = models.BUILD[name]()
         out = forward()

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -43,6 +42,7 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import models  # noqa: E402
+from machine import machine, stamp  # noqa: E402
 
 SEMIRINGS = ["real", "viterbi", "max_abs", "abs", "count", "log", "entropy", "max_prod", ("kmax", 4)]
 if os.environ.get("BENCH_SEMIRINGS"):  # a subset, for trying things out
@@ -199,8 +199,8 @@ def main() -> int:
             continue
         rows += json.loads(p.stdout)
     total = time.perf_counter() - t0
-    stamp = time.strftime("%Y-%m-%d %H:%M")
-    print(f"\n{stamp}, torch {torch.__version__}, {platform.processor() or platform.machine()}, "
+    when = stamp()
+    print(f"\n{when}, torch {torch.__version__}, {machine()}, "
           f"{os.cpu_count()} cores, 1 thread used; transformers on {args.device} in {args.dtype}; rounds of (stock, semiring): {ROUNDS} (big models "
           f"{min(ROUNDS, 3)}); {total:.0f} s in all\n")
     print(f"{'model':<58} {'semiring':<26} {'backward ms':>12} {'ratio':>7} {'target':<22} "
@@ -217,7 +217,7 @@ def main() -> int:
               f"{verdict(r):<22} {fmt(r['peak_mib'], 1):>9} {fmt(r['mem_ratio']):>8}{extra}")
     os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
     with open(args.json, "w") as f:
-        json.dump({"date": stamp, "torch": torch.__version__, "machine": platform.processor() or platform.machine(),
+        json.dump({"date": when, "torch": torch.__version__, "machine": machine(),
                    "cores": os.cpu_count(), "threads": 1, "rounds": ROUNDS, "total_s": total, "rows": rows},
                   f, indent=1)
     print(f"\nwritten: {args.json}  (ratios: median over rounds of semiring / stock of the same round; "
