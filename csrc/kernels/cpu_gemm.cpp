@@ -577,18 +577,22 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
     }
     for (int64_t s0 = 0; s0 < kc; s0 += kSegment) {
       const int steps = int(std::min<int64_t>(kSegment, kc - s0));
+      // f(i, j, term) for every term of k-step s0 + s (one vector of the tile's row i, column block j)
+      auto each_term = [&](int s, auto&& f) __attribute__((always_inline)) {
+        const T* a = ap + (s0 + s) * PACKED * E;
+        V b[NV];
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) b[j] = load<V>(bp + (s0 + s) * NR + j * L);
+        _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) f(i, j, Term::term(a[i * E], b[j]));
+        }
+      };
       uint32_t hits[MR][NV];
       if constexpr (sizeof(V) == 64) {
         alignas(64) uint16_t masks[MR][NV][kSegment];
-        for (int s = 0; s < steps; ++s) {
-          const T* a = ap + (s0 + s) * PACKED * E;
-          V b[NV];
-          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) b[j] = load<V>(bp + (s0 + s) * NR + j * L);
-          _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
-            _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j)
-              masks[i][j][s] = lanes_where<kGreater>(Term::term(a[i * E], b[j]), thr[i][j]);
-          }
-        }
+        for (int s = 0; s < steps; ++s)
+          each_term(s, [&](int i, int j, V term) __attribute__((always_inline)) {
+            masks[i][j][s] = lanes_where<kGreater>(term, thr[i][j]);
+          });
         const uint32_t valid = steps == kSegment ? ~0u : (1u << steps) - 1;
         _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
           _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) hits[i][j] = nonzero_words<V>(masks[i][j]) & valid;
@@ -597,15 +601,10 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
         _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
           _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) hits[i][j] = 0;
         }
-        for (int s = 0; s < steps; ++s) {
-          const T* a = ap + (s0 + s) * PACKED * E;
-          V b[NV];
-          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) b[j] = load<V>(bp + (s0 + s) * NR + j * L);
-          _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
-            _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j)
-              hits[i][j] |= uint32_t(any_greater(Term::term(a[i * E], b[j]), thr[i][j])) << s;
-          }
-        }
+        for (int s = 0; s < steps; ++s)
+          each_term(s, [&](int i, int j, V term) __attribute__((always_inline)) {
+            hits[i][j] |= uint32_t(any_greater(term, thr[i][j])) << s;
+          });
       }
       for (int i = 0; i < MR; ++i) {
         for (int j = 0; j < NV; ++j) {
