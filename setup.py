@@ -56,8 +56,9 @@ sources.append(os.path.relpath(os.path.join(GENERATED, "generated_rules.cpp"), R
 # installed torch is a CUDA build and nvcc is found, whether or not a GPU is
 # present; with a CPU torch the extension is built exactly as without them.
 # They are compiled and linked (C API in csrc/kernels/cuda/api.h) and called
-# for CUDA tensors by csrc/kernels/device_gemm.cpp (never run on a GPU yet). cuBLAS is linked when its header is found (the
-# exp-shift driver needs it).
+# for CUDA tensors by csrc/kernels/device_gemm.cpp. The kernels ran on an H100 through their C API
+# (benchmarks/gpu.sh); this dispatch has not run on a GPU yet. cuBLAS is linked when its header is found
+# (the exp-shift driver needs it).
 CUDA_DIR = os.path.join(ROOT, "csrc", "kernels", "cuda")
 NVCC = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None
 WITH_CUDA = bool(torch.version.cuda) and NVCC is not None and os.path.exists(NVCC)
@@ -109,8 +110,8 @@ if WITH_PRELOAD:
 TORCH_RELEASE = torch.__version__.split("+")[0]
 with open(os.path.join(ROOT, "python", "torch_semiring", "_build_info.py"), "w") as f:
     f.write(f"# Written by setup.py: the torch this build's extension was compiled against, and\n"
-            f"# whether it kept debug info (TORCH_SEMIRING_DEBUG).\n"
-            f"TORCH_VERSION = {str(torch.__version__)!r}\nDEBUG = {DEBUG}\n")
+            f"# whether it kept debug info (TORCH_SEMIRING_DEBUG) and holds the CUDA kernels.\n"
+            f"TORCH_VERSION = {str(torch.__version__)!r}\nDEBUG = {DEBUG}\nCUDA_KERNELS = {WITH_CUDA}\n")
 
 setup(
     package_dir={"": "python"},

@@ -1,36 +1,64 @@
 #!/usr/bin/env bash
-# The kernel and model benchmarks on a GPU machine, in one command:
+# Everything that needs a GPU, in one command (the project's GPU machine: CUDA torch, nvcc):
 #
-#   PYTHON=/path/to/python-with-CUDA-torch benchmarks/gpu.sh
+#   benchmarks/gpu.sh                 (PYTHON=python-with-CUDA-torch, default python3; LOG_DIR, default $OUT
+#                                      on the device machine, else build/gpu)
 #
-# NEVER RUN: this script was written on a machine without a GPU (and with a
-# CPU-only torch), so it has not been executed anywhere; expect to fix
-# details on the first run. What it does:
-#   1. make cuda-check (compile-only, sm_80/sm_90);
-#   2. builds csrc/kernels/cuda/*.cu for this GPU (-arch=native) into a
-#      shared library (cuBLAS linked when cublas_v2.h is found);
-#   3. tests/test_cuda_emulation.py — its "cuda" cases run the kernels on the
-#      GPU against the references (they are skipped on machines without one);
-#   4. times the CUDA kernels through their C API (api.h) against torch.mm
-#      (cuBLAS SGEMM) on the same GPU, CUDA events, median of 20;
-#   5. benchmarks/kernels.py (CPU kernels), then benchmarks/run.py for the
-#      Llama-style decoder in bf16 on the GPU (--device cuda --dtype bfloat16):
+# Steps (each logged to LOG_DIR/<step>.log, timed; a failing step does not stop the later ones,
+# the script's exit status is the number of failed steps; 1, 3 and 5 need torch >= 2.13, and count
+# as one failure when it is older):
+#   1. builds the extension in place with the CUDA kernels (setup.py: CUDA torch + nvcc → TS_WITH_CUDA_KERNELS,
+#      sm_80/sm_90), MAX_JOBS = the machine's cores;
+#   2. tests/test_cuda_emulation.py: the kernels' C API on the GPU (and the host emulation) against the references;
+#   3. tests/test_cuda_device.py + test_device_dispatch.py: every semiring on CUDA graphs (the model zoo, small
+#      graphs in float64/float32, top paths, a bf16 decoder) against the same graphs on the CPU;
+#   4. the CUDA kernels through their C API against torch.mm (cuBLAS SGEMM) on the same GPU, CUDA events,
+#      median of 20;
+#   5. benchmarks/run.py for the Llama-style decoder in bf16 on the GPU (--device cuda --dtype bfloat16):
 #      every semiring, ratio to the stock backward, peak from torch's allocator.
-set -euo pipefail
+# Wheels under .whl/ (e.g. the transformers the tests were written against) are installed into
+# /tmp/site first and put on PYTHONPATH.
+set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-.venv/bin/python}
-NVCC=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
-"$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 'gpu.sh: needs a CUDA GPU and a CUDA build of torch in \$PYTHON')"
+PY=${PYTHON:-python3}
+LOG_DIR=${LOG_DIR:-${OUT:-build/gpu}}
+mkdir -p "$LOG_DIR" build/cuda-bench
+FAILED=0
+step() {  # step NAME COMMAND...: run, log, time
+  local name=$1; shift
+  local t0=$SECONDS
+  "$@" > "$LOG_DIR/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc, $((SECONDS - t0)) s"; tail -n ${TAIL:-15} "$LOG_DIR/$name.log"
+  [ $rc -eq 0 ] || FAILED=$((FAILED + 1))
+}
+if ls .whl/*.whl > /dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=python${PYTHONPATH:+:$PYTHONPATH}
+nvidia-smi -L; "$PY" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
+  torch.cuda.get_device_name(), '| transformers', transformers.__version__)" || exit 99
 
-make cuda-check NVCC="$NVCC"
-mkdir -p build/cuda-bench
+# The extension builds against torch >= 2.13 only (tools/build_backend.py: MIN_TORCH); the kernels' C API
+# (steps 2 and 4) needs only nvcc and a CUDA torch to allocate with.
+if "$PY" -c "import sys, torch; sys.exit(tuple(map(int, torch.__version__.split('+')[0].split('.')[:2])) < (2, 13))"; then
+  step build env MAX_JOBS=$(nproc) "$PY" setup.py -q build_ext --inplace
+  "$PY" -c "from torch_semiring import _build_info as b; print('built for', b.TORCH_VERSION, 'CUDA kernels:', b.CUDA_KERNELS)"
+  WITH_EXTENSION=1
+else
+  echo "gpu.sh: this torch is older than 2.13: the extension is not built; steps 1, 3 and 5 are not run"
+  FAILED=$((FAILED + 1)); WITH_EXTENSION=0
+fi
+step kernel_tests "$PY" -m pytest -q -p no:cacheprovider -rs tests/test_cuda_emulation.py
+[ $WITH_EXTENSION = 1 ] && step device_tests "$PY" -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda_device.py \
+  tests/test_device_dispatch.py
+
 LIBS=""
-if echo '#include <cublas_v2.h>' | "$NVCC" -x cu -E - -o /dev/null 2>/dev/null; then LIBS="-lcublas"; fi
-"$NVCC" -std=c++17 -O3 --expt-relaxed-constexpr -arch=native -shared -Xcompiler -fPIC -Icsrc \
+if echo '#include <cublas_v2.h>' | nvcc -x cu -E - -o /dev/null 2>/dev/null; then LIBS="-lcublas"; fi
+step kernel_lib nvcc -std=c++17 -O3 --expt-relaxed-constexpr -arch=native -shared -Xcompiler -fPIC -Icsrc \
   -o build/cuda-bench/libts_cuda.so csrc/kernels/cuda/*.cu $LIBS
-
-PYTHONPATH=python "$PY" -m pytest -q -p no:cacheprovider tests/test_cuda_emulation.py
-
+kernel_timings() {
 "$PY" - build/cuda-bench/libts_cuda.so <<'PYEOF'
 import ctypes, sys, torch
 sys.path.insert(0, "tests")
@@ -82,8 +110,10 @@ for n in (1024, 2048, 4096):
     tt = timed(lambda: torch.max(x, 1))
     print(f"{n:>5} {'argmax over rows':<24} {t:9.3f} {'':>10} {t / tt:10.2f} (x torch.max)")
 PYEOF
-
-PYTHONPATH=python "$PY" benchmarks/kernels.py
+}
+TAIL=40 step kernel_timings kernel_timings
 # The model table: a Llama-style decoder in bf16 on the GPU, every semiring, ratios to stock.
-PYTHONPATH=python "$PY" benchmarks/run.py --models decoder --device cuda --dtype bfloat16 \
-  --json benchmarks/results/models_cuda_bf16.json
+[ $WITH_EXTENSION = 1 ] && TAIL=30 step decoder_bf16 env BENCH_ROUNDS=${BENCH_ROUNDS:-3} "$PY" benchmarks/run.py --models decoder \
+  --device cuda --dtype bfloat16 --json "$LOG_DIR/models_cuda_bf16.json"
+echo "gpu.sh: $FAILED step(s) failed"
+exit $FAILED

@@ -105,17 +105,20 @@ def build(name: str, attn: str, dtype=torch.float32, **overrides):
 
 
 def forward(model, name: str, dtype=torch.float32, tokens: int = 5):
-    """(differentiable input, first output) of one forward pass."""
+    """(differentiable input, first output) of one forward pass, on the model's device (the same
+    numbers on every device: the inputs are drawn on the CPU)."""
+    device = next(model.parameters()).device
     g = torch.Generator().manual_seed(1)
     if name in IMAGE_MODELS:
-        x = torch.randn(1, 3, 8, 8, generator=g, dtype=dtype).requires_grad_()
+        x = torch.randn(1, 3, 8, 8, generator=g, dtype=dtype).to(device).requires_grad_()
         return x, model(pixel_values=x)[0]
+    decoder_ids = torch.tensor([[0, 3, 5]], device=device)
     if name == "whisper":  # 2 · max_source_positions frames of num_mel_bins features
-        x = torch.randn(1, 4, 8, generator=g, dtype=dtype).requires_grad_()
-        return x, model(input_features=x, decoder_input_ids=torch.tensor([[0, 3, 5]]))[0]
-    ids = torch.tensor([[1, 5, 7, 2, 9, 4][:tokens]])
+        x = torch.randn(1, 4, 8, generator=g, dtype=dtype).to(device).requires_grad_()
+        return x, model(input_features=x, decoder_input_ids=decoder_ids)[0]
+    ids = torch.tensor([[1, 5, 7, 2, 9, 4][:tokens]], device=device)
     x = model.get_input_embeddings()(ids).detach().requires_grad_()
-    extra = {"decoder_input_ids": torch.tensor([[0, 3, 5]])} if name in ENCODER_DECODER else {}
+    extra = {"decoder_input_ids": decoder_ids} if name in ENCODER_DECODER else {}
     if name == "rwkv":  # its cached state is updated in place, which breaks even stock autograd
         extra["use_cache"] = False
     return x, model(inputs_embeds=x, **extra)[0]
@@ -124,4 +127,4 @@ def forward(model, name: str, dtype=torch.float32, tokens: int = 5):
 def readout(hidden: torch.Tensor) -> torch.Tensor:
     """A fixed random linear readout: a scalar that every output element feeds."""
     probe = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(2), dtype=hidden.dtype)
-    return (hidden * probe).sum()
+    return (hidden * probe.to(hidden.device)).sum()
