@@ -20,6 +20,8 @@ from torch_semiring import _C
 from kernel_helpers import ISAS, general_path, isa  # noqa: F401 (isa: a fixture)
 
 SEMIRINGS = [("log", 1), ("viterbi", 1), ("entropy", 1), ("max_prod", 1)] + [("kmax", k) for k in range(1, 9)]
+# The sum-type semirings fuse only their ⊗ by an edge (a·|w|, a·[w ≠ 0]); ⊕ is one ATen add or max already.
+EDGE_SEMIRINGS = SEMIRINGS + [("abs", 1), ("max_abs", 1), ("count", 1)]
 
 
 def weights(shape, dtype, g):
@@ -60,7 +62,7 @@ BROADCASTS = [  # (value element shape, weight shape)
 ]
 
 
-@pytest.mark.parametrize("semiring,k", SEMIRINGS, ids=[f"{n}{k}" if n == "kmax" else n for n, k in SEMIRINGS])
+@pytest.mark.parametrize("semiring,k", EDGE_SEMIRINGS, ids=[f"{n}{k}" if n == "kmax" else n for n, k in EDGE_SEMIRINGS])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("shapes", BROADCASTS, ids=lambda s: f"{s[0]}x{s[1]}")
 def test_otimes_edge(semiring, k, dtype, shapes, isa):
@@ -85,7 +87,7 @@ def test_oplus(semiring, k, dtype, shapes, isa):
     assert_same(sr.oplus(a, b), general_path(sr.oplus, a, b), dtype, f"{semiring} ⊕ {shapes}")
 
 
-@pytest.mark.parametrize("semiring,k", [("entropy", 1), ("max_prod", 1), ("kmax", 3)])
+@pytest.mark.parametrize("semiring,k", [("entropy", 1), ("max_prod", 1), ("kmax", 3), ("abs", 1), ("count", 1)])
 def test_strided_and_expanded_operands(semiring, k):
     sr = _C.make_semiring(semiring, k)
     g = torch.Generator().manual_seed(3)

@@ -1,7 +1,8 @@
 // Fused element-wise operations on semiring values: one pass over memory, no
 // temporaries, for the multi-component semirings whose ⊗ by an edge and ⊕
 // would otherwise be chains of 5–12 ATen operations per node (entropy's
-// (ℓ, h) pairs, max_prod's (M, m), kmax's lists, the log-space lift).
+// (ℓ, h) pairs, max_prod's (M, m), kmax's lists, the log-space lift), and the
+// lifts of the sum-type semirings (|w|, [w ≠ 0]: 2–3 passes into one).
 //
 // The arithmetic of each op is in fused_ops.inc; elementwise.cpp runs it over
 // the broadcast of the operands (at::TensorIterator) with AVX-512, AVX2 or
@@ -21,6 +22,8 @@ namespace torch_semiring::kernels {
 enum class Fused {
   AddLogAbs,    // a + log|w| on each of k ≤ 8 components (log, viterbi, kmax)
   AddLogAbsIds, // the same on k scores, k ids passed through: viterbi / kmax path tracking's ⊗ edge (2k components)
+  TimesAbs,     // a·|w|, a where a = 0 (abs, max_abs: one component)
+  TimesNonzero, // a·[w ≠ 0] (count: one component)
   EntropyOps,   // entropy's ⊗ edge and ⊕
   MaxProdOps,   // max_prod's ⊗ edge and ⊕
   KMaxMerge,    // kmax's ⊕ (k ≤ 8)

@@ -35,12 +35,14 @@ inline at::Tensor add_log_abs_scores(const at::Tensor& a, const at::Tensor& w) {
 
 // Magnitudes a (C, *S) in [0, ∞] (abs, max_abs) ⊗ an edge w: a·|w|, 0 where
 // a is 0. (+∞ values never meet a rule: apply_rule splits them off, see
-// Semiring::infinite_split_components.) A NaN can only come from a NaN or
+// Semiring::infinite_split_components.) One fused pass where it applies (one
+// component, CPU float/double). Otherwise: a NaN can only come from a NaN or
 // infinite w, which is rare: on the CPU one read of the product (its sum is
-// NaN iff an entry is; no temporary) decides whether to mask, so the usual
-// cost is one read-only pass over a·|w|. Elsewhere the mask is applied
-// unconditionally (2 passes): reading the sum would stall the device.
+// NaN iff an entry is; no temporary) decides whether to mask. Elsewhere the
+// mask is applied unconditionally: reading the sum would stall the device.
 inline at::Tensor times_abs_edge(const at::Tensor& a, const at::Tensor& w) {
+  auto fused = kernels::fused_edge(kernels::Fused::TimesAbs, a, w);
+  if (fused.defined()) return fused;
   auto out = a * w.abs();
   if (out.device().is_cpu() && !std::isnan(out.sum().item<double>())) return out;
   return out.masked_fill_(a == 0, 0);
