@@ -671,26 +671,27 @@ TS_CPU_CLONES void convert_row(const double* src, double* dst, int64_t n) { conv
 TS_CPU_CLONES void convert_row(const double* src, float* dst, int64_t n) { convert_impl(src, dst, n); }
 TS_CPU_CLONES void convert_row(const float* src, float* dst, int64_t n) { convert_impl(src, dst, n); }
 // Whether every value of a row is finite / below +∞ / ≥ 0 / not NaN (NaN fails
-// each): one vectorised and-reduction per kind, no branch per element.
+// each): one vectorised and-reduction per kind, over ints (a bool reduction
+// stays scalar), no branch per element.
 TS_CPU_CLONES bool all_finite(const double* v, int64_t n) {
-  bool ok = true;
-  for (int64_t i = 0; i < n; ++i) ok &= (v[i] - v[i]) == 0.0;  // NaN for ±∞ and NaN
-  return ok;
+  int ok = 1;
+  for (int64_t i = 0; i < n; ++i) ok &= int(std::abs(v[i]) < kInf);  // false for ±∞ and NaN
+  return ok != 0;
 }
 TS_CPU_CLONES bool all_below_inf(const double* v, int64_t n) {
-  bool ok = true;
-  for (int64_t i = 0; i < n; ++i) ok &= v[i] < kInf;
-  return ok;
+  int ok = 1;
+  for (int64_t i = 0; i < n; ++i) ok &= int(v[i] < kInf);
+  return ok != 0;
 }
 TS_CPU_CLONES bool all_non_negative(const double* v, int64_t n) {
-  bool ok = true;
-  for (int64_t i = 0; i < n; ++i) ok &= v[i] >= 0.0;
-  return ok;
+  int ok = 1;
+  for (int64_t i = 0; i < n; ++i) ok &= int(v[i] >= 0.0);
+  return ok != 0;
 }
 TS_CPU_CLONES bool all_numbers(const double* v, int64_t n) {
-  bool ok = true;
-  for (int64_t i = 0; i < n; ++i) ok &= v[i] == v[i];
-  return ok;
+  int ok = 1;
+  for (int64_t i = 0; i < n; ++i) ok &= int(v[i] == v[i]);
+  return ok != 0;
 }
 #pragma GCC pop_options
 
