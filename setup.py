@@ -74,6 +74,8 @@ if WITH_CUDA:
     cxx_flags.append("-DTS_WITH_CUDA_KERNELS")  # kernels/device_gemm.cpp calls them for CUDA tensors
     cu = sorted(os.path.relpath(os.path.join(CUDA_DIR, f), ROOT) for f in os.listdir(CUDA_DIR) if f.endswith(".cu"))
     have_cublas = os.path.exists(os.path.join(CUDA_HOME, "include", "cublas_v2.h"))
+    if have_cublas:  # exp_shift.cu then defines ts_exp_shift_matmul, which device_gemm.cpp calls
+        cxx_flags.append("-DTS_CUDA_HAVE_CUBLAS")
     extension = CUDAExtension(
         "torch_semiring._C",
         sources + cu,

@@ -85,7 +85,7 @@ struct Backend {
   int exp_shift(bool entropy, int64_t batch, int64_t M, int64_t N, int64_t K, const float* a, int64_t a_b,
                 int64_t a_m, int64_t a_k, const float* ha, int w_dtype, const void* w, int64_t w_b, int64_t w_k,
                 int64_t w_n, float* l, float* h, void* ws, size_t ws_bytes, int64_t* n_exact) const {
-#ifdef TS_WITH_CUDA_KERNELS
+#if defined(TS_WITH_CUDA_KERNELS) && defined(TS_CUDA_HAVE_CUBLAS)
     if (cuda)
       return ts_exp_shift_matmul(entropy, batch, M, N, K, a, a_b, a_m, a_k, ha, a_b, a_m, a_k, w_dtype, w, w_b, w_k,
                                  w_n, l, h, ws, ws_bytes, n_exact, at::cuda::getCurrentCUDABlasHandle(), stream);
@@ -209,6 +209,11 @@ Tensor max_prod_matmul(const Tensor& g, const Tensor& w) {
 Tensor exp_shift_matmul(bool entropy, const Tensor& g, const Tensor& w) {
   Flat f;
   if (!routes(g, w) || g.size(0) != (entropy ? 2 : 1) || !flatten(g, w, f)) return {};
+#if defined(TS_WITH_CUDA_KERNELS) && !defined(TS_CUDA_HAVE_CUBLAS)
+  // A CUDA build without cuBLAS's header (setup.py found no cublas_v2.h): no
+  // ts_exp_shift_matmul to call, so CUDA tensors take the generic path.
+  if (g.device().is_cuda()) return {};
+#endif
   const double inf = std::numeric_limits<double>::infinity();
   auto l = f.g.select(0, 0);
   // ℓ: finite or −∞ (no path); h finite; finite weights.

@@ -17,8 +17,8 @@ int64_t outputs_numel(const Node& n) {
   for (uint32_t s = 0; s < n.num_inputs(); ++s) total += numel_of(metadata_shape(n.input_metadata(s)));
   return total;
 }
-c10::intrusive_ptr<Node> hold(Node* n) {
-  return n ? c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(n) : c10::intrusive_ptr<Node>();
+NodePtr hold(Node* n) {
+  return hold_node(n);
 }
 }  // namespace
 

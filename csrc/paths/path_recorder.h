@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "../engine/engine.h"
+#include "../engine/node_compat.h"
 
 namespace torch_semiring {
 
@@ -21,10 +22,10 @@ namespace torch_semiring {
 // (producer node, its next-edge index; a null producer is the virtual root,
 // the edge index then the output's index).
 struct PathRecord {
-  c10::intrusive_ptr<Node> node;
+  NodePtr node;
   uint32_t slot;
   at::Tensor value;
-  std::vector<std::pair<c10::intrusive_ptr<Node>, uint32_t>> contributors;
+  std::vector<std::pair<NodePtr, uint32_t>> contributors;
   int64_t expected_contributors;  // the n of tag_contributor
 };
 
@@ -42,7 +43,7 @@ class PathRecorder final : public BackwardObserver {
   std::vector<PathRecord> take_records() { return std::move(records_); }
 
  private:
-  using Contributors = std::vector<std::pair<c10::intrusive_ptr<Node>, uint32_t>>;
+  using Contributors = std::vector<std::pair<NodePtr, uint32_t>>;
   std::vector<int64_t>& expected(const Node* n);  // contributions expected per input slot
 
   const Semiring& sr_;

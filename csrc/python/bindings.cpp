@@ -92,15 +92,23 @@ class PySemiring final : public Semiring {
   bool zero_is_zero_;
 };
 
-c10::intrusive_ptr<Node> node_from_py(py::handle h) {
+// The node of a Python autograd.Function's grad_fn (a template: each torch
+// release compiles only its own branch).
+template <class Fn>
+NodePtr python_function_node(Fn* fn) {
+  if constexpr (kSharedNodes) return hold_node(fn->cdata.lock().get());  // torch < 2.13: a weak_ptr<PyNode>
+  else return fn->cdata;
+}
+
+NodePtr node_from_py(py::handle h) {
   if (h.is_none()) return {};
   if (torch::autograd::THPCppFunction_Check(h.ptr())) return ((torch::autograd::THPCppFunction*)h.ptr())->cdata;
-  if (THPFunction_Check(h.ptr())) return ((THPFunction*)h.ptr())->cdata;
+  if (THPFunction_Check(h.ptr())) return python_function_node((THPFunction*)h.ptr());
   TORCH_CHECK_TYPE(false, "torch_semiring: expected an autograd node (a grad_fn), got ",
                    std::string(py::str(py::type::of(h))));
 }
 
-py::object node_to_py(const c10::intrusive_ptr<Node>& n) {
+py::object node_to_py(const NodePtr& n) {
   return py::reinterpret_steal<py::object>(torch::autograd::functionToPyObject(n));
 }
 
@@ -119,7 +127,7 @@ bool is_exactly(const T* p, const char* mangled) {
 // nodes were all wrapped (a 50 000-step chain, every node on the recorded
 // path) overflows the stack. Unwrapped nodes are freed by torch iteratively.
 struct NodeRef {
-  c10::intrusive_ptr<Node> node;
+  NodePtr node;
 };
 
 std::vector<Edge> edges_from_py(const std::vector<std::pair<py::object, uint32_t>>& pairs) {
@@ -133,7 +141,7 @@ std::vector<Edge> edges_from_py(const std::vector<std::pair<py::object, uint32_t
 Rule python_rule(py::function fn) {
   return [fn](const RuleContext& ctx, const std::vector<at::Tensor>& grads) -> std::vector<at::Tensor> {
     py::gil_scoped_acquire gil;
-    auto node = node_to_py(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&ctx.node));
+    auto node = node_to_py(hold_node(&ctx.node));
     py::list pg;
     for (const auto& g : grads) pg.append(g.defined() ? py::cast(g) : py::none());
     py::object result = fn(node, pg, py::cast(&ctx.semiring, py::return_value_policy::reference),
@@ -154,7 +162,7 @@ Rule declared_pointwise_rule(py::object forward_cls) {
       py::gil_scoped_acquire gil;
       // (PyNode's type info is not exported by libtorch: no dynamic_cast; the
       // node's Python object says which Function class made it.)
-      auto node = node_to_py(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&ctx.node));
+      auto node = node_to_py(hold_node(&ctx.node));
       py::object actual = py::getattr(py::type::handle_of(node), "_forward_cls", py::none());
       if (!actual.is(forward_cls))
         mismatch = "torch_semiring: node " + ctx.node.name() + " belongs to " + py::repr(actual).cast<std::string>() +

@@ -330,19 +330,19 @@ Tensor attention_node_standin(const std::string& kind, const Tensor& q, const Te
     node->set_next_edges(torch::autograd::collect_next_edges(q, k, v));
     return node;
   };
-  c10::intrusive_ptr<torch::autograd::Node> node;
+  NodePtr node;
   if (kind == "flash") {
     TORCH_CHECK(!bias, "torch_semiring: CUDA's flash attention takes no mask");
-    auto n = fill(c10::make_intrusive<ScaledDotProductFlashAttentionBackward0>());
+    auto n = fill(make_node<ScaledDotProductFlashAttentionBackward0>());
     n->logsumexp_ = SavedVariable(lse, false);
     node = n;
   } else if (kind == "efficient") {
-    auto n = fill(c10::make_intrusive<ScaledDotProductEfficientAttentionBackward0>());
+    auto n = fill(make_node<ScaledDotProductEfficientAttentionBackward0>());
     n->log_sumexp_ = SavedVariable(lse, false);
     n->attn_bias_ = SavedVariable(bias.value_or(Tensor()), false);
     node = n;
   } else if (kind == "cudnn") {
-    auto n = fill(c10::make_intrusive<ScaledDotProductCudnnAttentionBackward0>());
+    auto n = fill(make_node<ScaledDotProductCudnnAttentionBackward0>());
     n->logsumexp_ = SavedVariable(lse, false);
     n->attn_bias_ = SavedVariable(bias.value_or(Tensor()), false);
     node = n;

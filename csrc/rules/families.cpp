@@ -309,7 +309,7 @@ Tensor gather_positions(Node& n, const Tensor& p) {
 // More selections: where each output element copies one input element, found
 // by running the op (or its saved argmax indices) on the flat positions.
 Tensor saved_of(Node& n, const torch::autograd::SavedVariable& v) {
-  return v.unpack(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&n));
+  return v.unpack(hold_node(&n));
 }
 Tensor repeat_positions(Node& n, const Tensor& p) {
   return p.repeat_symint(static_cast<RepeatBackward0&>(n).repeats);

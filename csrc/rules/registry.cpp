@@ -56,7 +56,7 @@ const RuleEntry& rule_for(const Node& node, const Semiring& sr) {
   if (sr.stock_backward_is_exact()) return stock_backward_rule();
   const RuleEntry* entry = find_rule(node.name());
   TORCH_CHECK_NOT_IMPLEMENTED(entry, "torch_semiring: no semiring rule for autograd node '", node.name(),
-                              "' (forward op '", node.forward_op_name(), "'). Register one with "
+                              "' (forward op '", forward_op_of(node), "'). Register one with "
                               "torch_semiring.register_rule('", node.name(), "', rule) — see the "
                               "README section 'Writing a rule'.");
   return *entry;
@@ -305,7 +305,7 @@ at::TensorOptions RuleContext::output_options(size_t j) const { return node.inpu
 // for it (Semiring::value_dtype: float32 outside real), so every rule's
 // arithmetic — ATen matmuls included, which do not promote — runs in it.
 at::Tensor RuleContext::unpack(const torch::autograd::SavedVariable& saved) const {
-  auto t = gathered(saved.unpack(c10::intrusive_ptr<Node>::unsafe_reclaim_from_nonowning(&node)));
+  auto t = gathered(saved.unpack(hold_node(&node)));
   if (t.defined()) {
     const auto wide = semiring.value_dtype(t.scalar_type());
     if (wide != t.scalar_type()) t = t.to(wide);

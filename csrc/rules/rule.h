@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "../engine/node_compat.h"
 #include "../semiring/semiring.h"
 
 namespace torch_semiring {
