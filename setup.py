@@ -57,7 +57,7 @@ sources.append(os.path.relpath(os.path.join(GENERATED, "generated_rules.cpp"), R
 # present; with a CPU torch the extension is built exactly as without them.
 # They are compiled and linked (C API in csrc/kernels/cuda/api.h) and called
 # for CUDA tensors by csrc/kernels/device_gemm.cpp. The kernels ran on an H100 through their C API
-# (benchmarks/gpu.sh); this dispatch has not run on a GPU yet. cuBLAS is linked when its header is found
+# (benchmarks/gpu.sh), and so did this dispatch, from ts.grad on CUDA graphs. cuBLAS is linked when its header is found
 # (the exp-shift driver needs it).
 CUDA_DIR = os.path.join(ROOT, "csrc", "kernels", "cuda")
 NVCC = os.path.join(CUDA_HOME, "bin", "nvcc") if CUDA_HOME else None

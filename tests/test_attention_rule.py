@@ -338,7 +338,7 @@ def test_float32_agrees_with_float64(semiring, size):
 # Their rules are adapters over the saved fields into the same rule; the
 # stand-in nodes (_C.attention_node_standin) hold what CUDA's forward saves,
 # in each kernel's own logsumexp layout, so on the CPU the engine runs exactly
-# the code a GPU graph would. (Nothing here has run on a GPU.)
+# the code a GPU graph would. (On a GPU: tests/test_cuda_device.py.)
 
 def _cuda_layout(kind, lse):
     if kind == "efficient":  # (B, H, T rounded up to 32), the padding never read

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import torch_semiring as ts
 from torch_semiring import _C, _build_info
@@ -50,13 +51,20 @@ def _values(out, x, semirings):
 
 @pytest.mark.parametrize("name,attn", CASES, ids=[f"{n}-{a}" for n, a in CASES])
 def test_zoo_model_on_the_gpu_equals_the_cpu(name, attn):
-    model = build(name, attn)
-    x, hidden = forward(model, name)
-    expected = _values(readout(hidden), x, SEMIRING_NAMES)
-
-    model = model.cuda()
-    x, hidden = forward(model, name)
-    out = readout(hidden)
+    # The same graph on both devices: SDPA by its math backend, which both have (the fused
+    # kernels differ by device — CPU flash; CUDA flash, memory-efficient, cuDNN, and the math
+    # fallback for grouped-query heads — and a fused node is one node, its inner paths summed in the
+    # reals, so abs/count/... legitimately differ from the decomposed graph's; the fused CUDA
+    # nodes are compared with the CPU's fused node below).
+    with sdpa_kernel(SDPBackend.MATH):
+        model = build(name, attn)
+        x, hidden = forward(model, name)
+        out_cpu = readout(hidden)
+        expected = _values(out_cpu, x, SEMIRING_NAMES)
+        model = model.cuda()
+        x, hidden = forward(model, name)
+        out = readout(hidden)
+    assert node_types(out) == node_types(out_cpu), f"{name}-{attn}: the devices' graphs differ"
     before = _C.device_kernel_calls()
     got = _values(out, x, SEMIRING_NAMES)
     if _build_info.CUDA_KERNELS and any("mm" in n.lower() for n in node_types(out)):
@@ -64,6 +72,37 @@ def test_zoo_model_on_the_gpu_equals_the_cpu(name, attn):
     for semiring in SEMIRING_NAMES:
         (g,), (e,) = got[semiring], expected[semiring]
         _close(g, e, f"{name}-{attn}/{semiring}", rtol=2e-3)
+
+
+# CUDA's fused attention nodes (csrc/rules/attention.cpp reads their saved fields) against the CPU's
+# fused flash node on the same inputs: one node each, the same edges and weights.
+@pytest.mark.parametrize("backend,dtype,mask", [
+    ("EFFICIENT_ATTENTION", torch.float32, "none"), ("EFFICIENT_ATTENTION", torch.float32, "causal"),
+    ("EFFICIENT_ATTENTION", torch.float32, "float"), ("FLASH_ATTENTION", torch.bfloat16, "causal"),
+    ("CUDNN_ATTENTION", torch.bfloat16, "none")])
+def test_fused_cuda_attention_equals_the_cpu_node(backend, dtype, mask):
+    gen = torch.Generator().manual_seed(5)
+    B, H, T, E = 1, 2, 40, 64
+    q, k, v = (torch.randn(B, H, T, E, generator=gen) for _ in range(3))
+    bias = torch.randn(T, T, generator=gen) if mask == "float" else None
+    probe = torch.randn(B, H, T, E, generator=gen)
+    results = {}
+    for device in ("cpu", "cuda"):
+        leaves = [t.to(device, dtype).requires_grad_() for t in (q, k, v)]
+        kernel = SDPBackend.FLASH_ATTENTION if device == "cpu" else getattr(SDPBackend, backend)
+        with sdpa_kernel(kernel):
+            out = torch.nn.functional.scaled_dot_product_attention(
+                *leaves, attn_mask=None if bias is None else bias.to(device, dtype), is_causal=mask == "causal")
+        names = node_types(out)
+        attention = {n for n in names if "Attention" in n}  # beside it CUDA may add layout copies (ToCopyBackward0)
+        assert len(attention) == 1, f"{device}: {names}"
+        names = attention
+        results[device] = (names, _values((out * probe.to(device, dtype)).sum(), leaves, SEMIRING_NAMES))
+    rtol = 2e-3 if dtype == torch.float32 else 5e-2
+    for semiring in SEMIRING_NAMES:
+        for i, name in enumerate("qkv"):
+            got, expected = results["cuda"][1][semiring][i], results["cpu"][1][semiring][i]
+            _close(got, expected, f"{results['cuda'][0]}/{semiring}/{name}", rtol=rtol)
 
 
 def _graphs(device, dtype):
