@@ -224,3 +224,32 @@ def test_product_semiring_equals_separate_runs(case):
         alone = ts.grad(outputs, inputs, grad_outputs, semiring=name, retain_graph=True, **params)
         for a, b in zip(got, alone):
             assert_values_equal(a, b, name, f"product/{name}")
+
+
+# CUDA's cuDNN batch norm (CudnnBatchNormBackward0) has its own node and field names: a stand-in
+# node on CPU tensors (_C.cudnn_batch_norm_node_standin, holding what cudnn_batch_norm's forward
+# saves) runs its rule, which must give what the CPU's NativeBatchNormBackward0 gives on the same
+# forward — and, through the CPU node, the explicit-graph reference. (real would run the node's own
+# CUDA backward: not on CPU tensors.)
+@pytest.mark.parametrize("semiring", [s for s in SEMIRING_NAMES if s != "real"])
+@pytest.mark.parametrize("training", [True, False], ids=["batch-statistics", "running-statistics"])
+def test_cudnn_batch_norm_node_runs_the_native_rule(semiring, training):
+    from torch_semiring import _C
+    gen = torch.Generator().manual_seed(31)
+    x = torch.randn(3, 4, 5, generator=gen, dtype=torch.float64)
+    x[0, 1, 2] = x[1, 1, 2]  # a tie
+    x = x.requires_grad_()
+    w = torch.randn(4, generator=gen, dtype=torch.float64).requires_grad_()
+    b = torch.randn(4, generator=gen, dtype=torch.float64).requires_grad_()
+    rm, rv = torch.randn(4, generator=gen, dtype=torch.float64), torch.rand(4, generator=gen, dtype=torch.float64) + 0.5
+    eps = 1e-5
+    out, save_mean, save_invstd = torch.native_batch_norm(x, w, b, rm.clone(), rv.clone(), training, 0.1, eps)
+    assert out.grad_fn.name() == "NativeBatchNormBackward0"
+    standin = _C.cudnn_batch_norm_node_standin(x, w, b, rm, rv, out.detach(), save_mean, save_invstd, training, eps)
+    assert standin.grad_fn.name() == "CudnnBatchNormBackward0"
+    probe = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    params = {"k": 3} if semiring == "kmax" else {}
+    expected = ts.grad((out * probe).sum(), [x, w, b], semiring=semiring, retain_graph=True, **params)
+    actual = ts.grad((standin * probe).sum(), [x, w, b], semiring=semiring, **params)
+    for name, a, e in zip(("input", "weight", "bias"), actual, expected):
+        assert_values_equal(a, e, semiring, f"cudnn batch norm/{semiring}/{name}")

@@ -25,6 +25,7 @@
 #include "../kernels/lift_cache.h"
 #include "../paths/path_recorder.h"
 #include "../rules/attention.h"
+#include "../rules/normalization.h"
 #include "../rules/rule.h"
 #include "../rules/summed_within_nodes.h"
 #include "../semiring/semiring.h"
@@ -487,6 +488,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("out"), py::arg("lse"), py::arg("bias") = std::nullopt, py::arg("causal") = false,
         py::arg("scale") = std::nullopt, py::arg("dropout_p") = 0.0,
         "Test support: a CUDA fused-attention node standing in on CPU tensors (rules/attention.h)");
+  m.def("cudnn_batch_norm_node_standin", &cudnn_batch_norm_node_standin, py::arg("input"), py::arg("weight"),
+        py::arg("bias"), py::arg("running_mean"), py::arg("running_var"), py::arg("out"), py::arg("save_mean"),
+        py::arg("save_invstd"), py::arg("training"), py::arg("eps"),
+        "Test support: CUDA's cuDNN batch-norm node standing in on CPU tensors (rules/normalization.h)");
   m.def("restore_builtin_rules", &register_builtin_rules);
   m.def("registered_rules", &registered_rules);
   m.def("generic_families", &generic_families);

@@ -17,8 +17,10 @@
 // Batch norm normalizes each channel over the batch and spatial dims: with
 // running statistics (eval) its Jacobian is diagonal; with batch statistics
 // (training) each channel is one row of the layer-norm form above.
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/generated/Functions.h>
 
+#include "rules/normalization.h"
 #include "rule.h"
 
 namespace torch_semiring {
@@ -90,27 +92,36 @@ std::vector<Tensor> rms_norm_rule(const RuleContext& ctx, const std::vector<Tens
                        /*has_bias=*/false);
 }
 
-std::vector<Tensor> batch_norm_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+// What the batch-norm rule reads off a node: native_batch_norm's and CUDA's
+// cudnn_batch_norm's save the same fields (cuDNN's result2 is its saved
+// inverse standard deviation, as native's save_invstd) under two names for ε.
+struct SavedBatchNorm {
+  Tensor x, running_mean, running_var, weight, save_mean, save_invstd;
+  double eps;
+  bool training;
+};
+
+std::vector<Tensor> batch_norm_values(const RuleContext& ctx, const std::vector<Tensor>& grads,
+                                      const SavedBatchNorm& n) {
   TORCH_CHECK(std::all_of(grads.begin() + 1, grads.end(), [](const Tensor& t) { return !t.defined(); }),
-              "torch_semiring: values arriving at the save_mean/save_invstd outputs of native_batch_norm are not "
-              "supported (only its normalized output is)");
-  auto& n = static_cast<NativeBatchNormBackward0&>(ctx.node);
+              "torch_semiring: values arriving at the save_mean/save_invstd outputs of ", ctx.node.name(),
+              " are not supported (only its normalized output is)");
   const auto& sr = ctx.semiring;
   const Tensor& g = grads[0];
-  auto x = ctx.unpack(n.input_);
+  const auto& x = n.x;
   const int64_t channels = x.size(1), C = g.size(0);
   std::vector<int64_t> per_channel(x.dim(), 1);
   per_channel[1] = channels;
   Tensor mean, invstd;
   if (n.training) {  // batch statistics, saved by the forward
-    mean = ctx.unpack(n.result1_);
-    invstd = ctx.unpack(n.result2_);
+    mean = n.save_mean;
+    invstd = n.save_invstd;
   } else {
-    mean = ctx.unpack(n.running_mean_);
-    invstd = (ctx.unpack(n.running_var_) + n.eps).rsqrt();
+    mean = n.running_mean;
+    invstd = (n.running_var + n.eps).rsqrt();
   }
   auto x_hat = (x - mean.view(per_channel)) * invstd.view(per_channel);
-  auto weight = ctx.unpack(n.weight_);
+  const auto& weight = n.weight;
   std::vector<int64_t> not_channel{0};
   for (int64_t d = 2; d < x.dim(); ++d) not_channel.push_back(d);
   std::vector<Tensor> out(3);
@@ -133,12 +144,47 @@ std::vector<Tensor> batch_norm_rule(const RuleContext& ctx, const std::vector<Te
   return out;
 }
 
+std::vector<Tensor> batch_norm_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  auto& n = static_cast<NativeBatchNormBackward0&>(ctx.node);
+  return batch_norm_values(ctx, grads, {ctx.unpack(n.input_), ctx.unpack(n.running_mean_), ctx.unpack(n.running_var_),
+                                        ctx.unpack(n.weight_), ctx.unpack(n.result1_), ctx.unpack(n.result2_), n.eps,
+                                        n.training});
+}
+
+// CUDA's batch norm through cuDNN (on the CPU: cudnn_batch_norm_node_standin).
+std::vector<Tensor> cudnn_batch_norm_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  auto& n = static_cast<CudnnBatchNormBackward0&>(ctx.node);
+  return batch_norm_values(ctx, grads, {ctx.unpack(n.input_), ctx.unpack(n.running_mean_), ctx.unpack(n.running_var_),
+                                        ctx.unpack(n.weight_), ctx.unpack(n.result1_), ctx.unpack(n.result2_),
+                                        n.epsilon, n.training});
+}
+
 }  // namespace
 
 void register_normalization_rules() {
   register_rule("NativeBatchNormBackward0", batch_norm_rule, "normalization");
+  register_rule("CudnnBatchNormBackward0", cudnn_batch_norm_rule, "normalization");
   register_rule("NativeLayerNormBackward0", layer_norm_rule, "normalization");
   register_rule("FusedRmsNormBackward0", rms_norm_rule, "normalization");
+}
+
+Tensor cudnn_batch_norm_node_standin(const Tensor& input, const Tensor& weight, const Tensor& bias,
+                                     const Tensor& running_mean, const Tensor& running_var, const Tensor& out,
+                                     const Tensor& save_mean, const Tensor& save_invstd, bool training, double eps) {
+  using torch::autograd::SavedVariable;
+  auto node = make_node<CudnnBatchNormBackward0>();
+  node->input_ = SavedVariable(input, false);
+  node->weight_ = SavedVariable(weight, false);
+  node->running_mean_ = SavedVariable(running_mean, false);
+  node->running_var_ = SavedVariable(running_var, false);
+  node->result1_ = SavedVariable(save_mean, false);
+  node->result2_ = SavedVariable(save_invstd, false);
+  node->epsilon = eps;
+  node->training = training;
+  node->set_next_edges(torch::autograd::collect_next_edges(input, weight, bias));
+  auto result = out.detach().clone();
+  torch::autograd::set_history(result, node);
+  return result;
 }
 
 }  // namespace torch_semiring
