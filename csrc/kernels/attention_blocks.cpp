@@ -118,9 +118,17 @@ template <class V, class T>
 TS_TILE_FN V splat(T x) {
   return V{} + x;
 }
+// |x| by clearing the sign bit: one logic op (a compare and a blend cost two
+// FP ops a vector more on the hot loops of row_products); −0 becomes +0.
 template <class V>
 TS_TILE_FN V magnitude(V x) {
-  return x < 0 ? -x : x;
+  if constexpr (std::is_floating_point<V>::value) {
+    return std::abs(x);
+  } else {
+    using Lane = typename std::remove_reference<decltype(x[0])>::type;
+    using IV = typename VecOf<LaneInt<Lane>, sizeof(V)>::type;
+    return bitcast<V>(bitcast<IV>(x) & std::numeric_limits<LaneInt<Lane>>::max());
+  }
 }
 template <class V, class T, class IV>
 TS_TILE_FN V to_real(IV i) {
@@ -333,12 +341,16 @@ struct ValueDifferences {
 template <class Op, bool ACC, bool CHECK, class T, class V, int NB, class Src>
 TS_TILE_FN void lane_block(const T* s, const Src& src, int64_t K, int64_t ld, int64_t n0, T* acc_out, V& finite) {
   constexpr int L = sizeof(V) / sizeof(T);
+  // The b loops fully unrolled, so acc stays in registers: as a loop, GCC put
+  // acc on the stack and every term paid a load, a store and the store-to-load
+  // latency of the chain through it (perf: the max and store of acc took
+  // ~20 % of the fused attention kernel).
   V acc[NB][Op::kAcc];
-  for (int b = 0; b < NB; ++b)
-    for (int c = 0; c < Op::kAcc; ++c) acc[b][c] = splat<V>(Op::template zero<T>(c));
+  _Pragma("GCC unroll 4") for (int b = 0; b < NB; ++b)
+    _Pragma("GCC unroll 8") for (int c = 0; c < Op::kAcc; ++c) acc[b][c] = splat<V>(Op::template zero<T>(c));
   for (int64_t k = 0; k < K; ++k) {
     const T* sk = s + k * Op::kPer;
-    for (int b = 0; b < NB; ++b) {
+    _Pragma("GCC unroll 4") for (int b = 0; b < NB; ++b) {
       V x = src.template at<V>(k, n0 + b * L);
       if constexpr (CHECK) finite += x * T(0);
       if constexpr (ACC && Op::kWinner) Op::update_at(acc[b], sk, x, splat<V>(T(k)));
@@ -347,8 +359,8 @@ TS_TILE_FN void lane_block(const T* s, const Src& src, int64_t K, int64_t ld, in
     }
   }
   if constexpr (ACC)
-    for (int b = 0; b < NB; ++b)
-      for (int c = 0; c < Op::kAcc; ++c) store(acc_out + c * ld + n0 + b * L, acc[b][c]);
+    _Pragma("GCC unroll 4") for (int b = 0; b < NB; ++b)
+      _Pragma("GCC unroll 8") for (int c = 0; c < Op::kAcc; ++c) store(acc_out + c * ld + n0 + b * L, acc[b][c]);
 }
 
 // One row over columns [0, N) into acc planes of stride ld: lane blocks of
@@ -545,6 +557,23 @@ T threshold(Family family, const RowScalars<T>& row, const Src& src, int64_t K, 
   return t;
 }
 
+// The first n ≥ from with !(a[n] ≥ limit), or N: whole vectors at a time (a
+// scalar loop here, once per result, cost as much as the row's terms at
+// S = 64 keys and D = 32).
+template <class T, class V>
+TS_TILE_FN int64_t next_below(const T* a, int64_t N, T limit, int64_t from) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  int64_t n = from;
+  if constexpr (L > 1) {
+    const V bound = splat<V>(limit);
+    for (; n + L <= N; n += L)
+      if (lanes_where<kAtLeast>(load<V>(a + n), bound) != (uint32_t(1) << L) - 1) break;
+  }
+  for (; n < N; ++n)
+    if (!(a[n] >= limit)) return n;
+  return N;
+}
+
 // Writes a row's results (C planes at stride `plane`) from acc (kAcc planes of
 // stride Ntot; columns [N, Ntot) hold the zero) and lists the columns to
 // recompute. A result below the threshold is exact when it is exactly empty:
@@ -577,8 +606,8 @@ TS_TILE_FN void finish_row(Family family, int64_t kmax, const RowScalars<T>& row
     for (int64_t n = 0; n < Ntot; ++n) out[plane + n] = acc[n] > 0 ? acc[Ntot + n] / acc[n] : T(0);
   if (row.empty) return;
   const T limit = threshold(family, row, src, K, N);
-  for (int64_t n = 0; n < N; ++n) {
-    if (acc[(lists - 1) * Ntot + n] >= limit) continue;  // every slot clears it
+  const T* last = acc + (lists - 1) * Ntot;
+  for (int64_t n = next_below<T, V>(last, N, limit, 0); n < N; n = next_below<T, V>(last, N, limit, n + 1)) {
     int64_t filled = lists;
     if (!row.underflows) {
       filled = 0;

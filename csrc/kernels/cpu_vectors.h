@@ -1,12 +1,16 @@
 // GCC vector types and the few helpers the CPU kernels share (cpu_gemm.cpp,
 // attention_blocks.cpp): V = VecOf<T, Bytes>::type is Bytes/sizeof(T) lanes
 // of T; LaneInt<T> is the integer with T's width (comparison masks, bit
-// tricks); load/store move a vector to and from unaligned memory. CPU only
+// tricks); load/store move a vector to and from unaligned memory; any_greater
+// and lanes_where turn a lane-wise compare into a bool or a bit mask. CPU only
 // (tile_arithmetic.h holds what CUDA shares).
 #pragma once
 
 #include <cstdint>
 #include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 #include "kernels/tile_arithmetic.h"  // TS_TILE_FN
 
@@ -39,6 +43,62 @@ TS_TILE_FN V load(const T* p) {
 template <class V, class T>
 TS_TILE_FN void store(T* p, V v) {
   std::memcpy(p, &v, sizeof(V));
+}
+
+// Whether some lane of x is > y (NaN: no).
+template <class V>
+TS_TILE_FN bool any_greater(V x, V y) {
+  constexpr bool f32 = sizeof(x[0]) == 4;
+#if defined(__x86_64__)
+  if constexpr (sizeof(V) == 64) {
+    unsigned short k;
+    if constexpr (f32) asm("vcmpps $30, %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y));  // GT_OQ
+    else asm("vcmppd $30, %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y));
+    return k != 0;
+  } else if constexpr (sizeof(V) == 32) {
+    const auto m = x > y;
+    int bits;
+    if constexpr (f32) asm("vmovmskps %[m], %[b]" : [b] "=r"(bits) : [m] "x"(m));
+    else asm("vmovmskpd %[m], %[b]" : [b] "=r"(bits) : [m] "x"(m));
+    return bits != 0;
+  } else if constexpr (sizeof(V) == 16) {  // SSE2, the baseline ISA
+    if constexpr (f32) return _mm_movemask_ps(_mm_cmpgt_ps((__m128)x, (__m128)y)) != 0;
+    else return _mm_movemask_pd(_mm_cmpgt_pd((__m128d)x, (__m128d)y)) != 0;
+  }
+#endif
+  constexpr int L = sizeof(V) / sizeof(x[0]);
+  const auto m = x > y;
+  bool any = false;
+  for (int l = 0; l < L; ++l) any |= m[l] != 0;
+  return any;
+}
+
+// Bit l set where lane l of x compares true with lane l of y (NaN: not set), up to 16 lanes:
+// Cmp is kGreater or kAtLeast, the AVX-512 predicates GT_OQ / GE_OQ (one vcmpp into a mask
+// register there; other ISAs: the vector compare, then its lanes gathered into bits).
+constexpr int kGreater = 30, kAtLeast = 29;
+template <int Cmp, class V>
+TS_TILE_FN uint32_t lanes_where(V x, V y) {
+  static_assert(Cmp == kGreater || Cmp == kAtLeast);
+  constexpr int L = sizeof(V) / sizeof(x[0]);
+#if defined(__x86_64__)
+  if constexpr (sizeof(V) == 64 && L == 16) {
+    unsigned short k;
+    asm("vcmpps %[c], %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y), [c] "i"(Cmp));
+    return k;
+  } else if constexpr (sizeof(V) == 64) {
+    unsigned char k;
+    asm("vcmppd %[c], %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y), [c] "i"(Cmp));
+    return k;
+  }
+#endif
+  const auto m = [&] {
+    if constexpr (Cmp == kGreater) return x > y;
+    else return x >= y;
+  }();
+  uint32_t bits = 0;
+  for (int l = 0; l < L; ++l) bits |= uint32_t(m[l] != 0) << l;
+  return bits;
 }
 
 }  // namespace torch_semiring::kernels

@@ -492,39 +492,6 @@ static inline __attribute__((always_inline)) void run(const T* x, const T* const
 }
 };
 
-// Whether some lane of v is above the same lane of thr (NaN: not): one
-// compare into a mask (AVX-512) or a move mask per vector width.
-#if defined(__x86_64__) || defined(__i386__)
-__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"))) inline bool any_above(Vec<float, 64>::type v,
-                                                                                        Vec<float, 64>::type thr) {
-  return _mm512_cmp_ps_mask((__m512)v, (__m512)thr, _CMP_GT_OQ) != 0;
-}
-__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"))) inline bool any_above(Vec<double, 64>::type v,
-                                                                                        Vec<double, 64>::type thr) {
-  return _mm512_cmp_pd_mask((__m512d)v, (__m512d)thr, _CMP_GT_OQ) != 0;
-}
-__attribute__((target("avx2,fma"))) inline bool any_above(Vec<float, 32>::type v, Vec<float, 32>::type thr) {
-  return _mm256_movemask_ps(_mm256_cmp_ps((__m256)v, (__m256)thr, _CMP_GT_OQ)) != 0;
-}
-__attribute__((target("avx2,fma"))) inline bool any_above(Vec<double, 32>::type v, Vec<double, 32>::type thr) {
-  return _mm256_movemask_pd(_mm256_cmp_pd((__m256d)v, (__m256d)thr, _CMP_GT_OQ)) != 0;
-}
-inline bool any_above(Vec<float, 16>::type v, Vec<float, 16>::type thr) {
-  return _mm_movemask_ps(_mm_cmpgt_ps((__m128)v, (__m128)thr)) != 0;
-}
-inline bool any_above(Vec<double, 16>::type v, Vec<double, 16>::type thr) {
-  return _mm_movemask_pd(_mm_cmpgt_pd((__m128d)v, (__m128d)thr)) != 0;
-}
-#else
-template <class V>
-inline bool any_above(V v, V thr) {
-  const auto m = v > thr;
-  for (int l = 0; l < int(sizeof(V) / sizeof(v[0])); ++l)
-    if (m[l]) return true;
-  return false;
-}
-#endif
-
 // kmax values (no winners) on short rows: the K largest of α_c[i]·|1 + x_i x_j|
 // over i ≠ j and the K entries c of each i, queries in lanes — a vector of
 // queries keeps its K best in registers while the candidates i go by as
@@ -562,7 +529,7 @@ struct TopKLanes {
         const V a = query == ci[q] ? V{} : abs_lanes<T>(y);  // no edge to itself; y = 0 gives 0 anyway
         for (int c = 0; c < K; ++c) {
           const V v = a * w[2 + c][q];
-          if (!any_above(v, best[K - 1])) break;  // no lane enters, nor with the smaller α of later entries
+          if (!any_greater(v, best[K - 1])) break;  // no lane enters, nor with the smaller α of later entries
           insert<T, V>(best, v);
         }
       }
