@@ -527,13 +527,23 @@ static inline __attribute__((always_inline)) void run(const T* x, const T* const
 // kmax values (no winners) on short rows: the K largest of α_c[i]·|1 + x_i x_j|
 // over i ≠ j and the K entries c of each i, queries in lanes — a vector of
 // queries keeps its K best in registers while the candidates i go by as
-// scalars, largest α_0 first (roughly: by size group). A candidate none of
-// whose lanes beats the vector's K-th best is skipped in one compare, and so
-// are its later entries (α_c falls with c): once the lists hold large values
-// most candidates are. O(N²/L) steps with a compare, plus 2K per insertion.
-// Inputs: x the queries (n, padded to whole vectors); w[0], w[1]: the
-// candidates' x and index i (as T), w[2 + c]: their α_c ≥ 0, candidates in
-// order, the rest (to n) with α_0 = 0; out[c]: the c-th best, 0 where none.
+// scalars, largest bound first. A candidate none of whose lanes beats the
+// vector's K-th best is skipped in one compare, and so are its later entries
+// (α_c falls with c). And a vector is done once no later candidate can enter
+// anywhere: every score of candidate i at query t is at most
+// α_0[i] + α_0[i]·|x_i|·|t|, so with A, B the suffix maxima of α_0 and
+// α_0·|x| over the candidates still to come, once A + B·max|t| (max over
+// the vector's lanes) is at or below every lane's K-th best. The queries go
+// into vectors sorted by |x| (max|t| is then small for most vectors: x is
+// a normalised row), the candidates by size group of α_0·(1 + |x_i|·max|x|),
+// so A and B fall fast. On MiniLM's layer norms (N = 384) a vector visits a
+// few dozen candidates, not N. O(N·S/L) steps with a compare for S
+// candidates visited (S = N worst), plus 2K per insertion.
+// Inputs: x the queries (n, padded to whole vectors), sorted; w[0], w[1]: the
+// candidates' x and index i (as T), w[2 + c]: their α_c ≥ 0, w[2 + K],
+// w[3 + K]: the suffix maxima A and B (rounded up), candidates in order, the
+// rest (to n) with α_0 = 0; w[4 + K]: each query's index j (pads: −2);
+// out[c]: the c-th best of each query in the sorted order, 0 where none.
 template <int K>
 struct TopKLanes {
   template <class T, class V>
@@ -547,14 +557,16 @@ struct TopKLanes {
   template <class T, class V>
   static inline __attribute__((always_inline)) void run(const T* x, const T* const* w, T* const* out, int64_t n) {
     constexpr int L = sizeof(V) / sizeof(T);
-    const T *cx = w[0], *ci = w[1];
+    const T *cx = w[0], *ci = w[1], *A = w[2 + K], *B = w[3 + K];
+    constexpr int64_t kCheck = 4;  // candidates between two tests of the bound (a horizontal min)
     for (int64_t j0 = 0; j0 < n; j0 += L) {
       const V t = load<V>(x + j0);
-      V query;  // each lane's own index, to drop the pair i = j
-      for (int l = 0; l < L; ++l) query[l] = T(j0 + l);
+      const V query = load<V>(w[4 + K] + j0);  // each lane's own index, to drop the pair i = j
+      const T reach = lanes_fold<Fold::kMax, T>(abs_lanes<T>(t));
       V best[K];
       for (int c = 0; c < K; ++c) best[c] = V{};
       for (int64_t q = 0; q < n && w[2][q] > 0; ++q) {  // α_0 = 0: the candidates are over
+        if (q % kCheck == 0 && A[q] + B[q] * reach <= lanes_fold<Fold::kMin, T>(best[K - 1])) break;  // none can enter
         V y;
         if constexpr (sizeof(T) == 4) y = one_plus_exact(V{} + cx[q], t);
         else y = one_plus(V{} + cx[q], t);
@@ -1099,7 +1111,14 @@ struct EnvelopeRow {
 // share the last group (an O(N) counting sort by group orders them roughly,
 // largest first).
 constexpr int kSizeGroups = 62;
-inline int size_group(double alpha) { return std::min(kSizeGroups - 1, std::max(0, -std::ilogb(alpha))); }
+// −ilogb(alpha) clamped to [0, kSizeGroups): read off the exponent bits (a
+// subnormal, below 2^−1022, falls in the last group as with ilogb).
+inline int size_group(double alpha) {
+  uint64_t bits;
+  std::memcpy(&bits, &alpha, sizeof(bits));
+  const int biased = int((bits >> 52) & 0x7ff);
+  return biased == 0 ? kSizeGroups - 1 : std::min(kSizeGroups - 1, std::max(0, 1023 - biased));
+}
 
 // ---- the top K of a few candidates at every query, vectorised --------------------
 
@@ -1749,28 +1768,56 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const
 // (K·n, entry c of element i at c·n + i) ≥ 0, falling with c.
 constexpr int64_t kTopKLanesMax = 4;
 void topk_lanes_row(bool single, int64_t K, const double* x, const double* alpha, int64_t n, double* best) {
-  thread_local std::vector<int32_t> order;
+  thread_local std::vector<int32_t> order, queries;
+  thread_local std::vector<int8_t> group_of;
+  thread_local std::vector<uint8_t> bucket;
+  // Candidates by size group of α_0[i]·(1 + |x_i|·xmax) / (1 + xmax²) ≤ 1, largest first.
+  double xmax = 0;
+  for (int64_t i = 0; i < n; ++i) xmax = std::max(xmax, std::abs(x[i]));
+  const double span = 1.0 + xmax * xmax;
+  group_of.resize(n);
   int64_t count[kSizeGroups] = {}, cursor[kSizeGroups];
   for (int64_t i = 0; i < n; ++i)
-    if (alpha[i] > 0) count[size_group(alpha[i])]++;
+    if (alpha[i] > 0) count[group_of[i] = int8_t(size_group(alpha[i] * (1.0 + std::abs(x[i]) * xmax) / span))]++;
   int64_t m = 0;
   for (int g = 0; g < kSizeGroups; ++g) cursor[g] = m, m += count[g];
   order.resize(m);
   for (int64_t i = 0; i < n; ++i)
-    if (alpha[i] > 0) order[cursor[size_group(alpha[i])]++] = int32_t(i);
+    if (alpha[i] > 0) order[cursor[group_of[i]]++] = int32_t(i);
+  // Queries by |x| in buckets of width xmax/255 (one counting pass: the order
+  // only has to make max|t| small for most vectors).
+  bucket.resize(n), queries.resize(n);
+  {
+    const double per = xmax > 0 ? 255.0 / xmax : 0.0;
+    int64_t count_of[256] = {};
+    for (int64_t j = 0; j < n; ++j) count_of[bucket[j] = uint8_t(std::min(255.0, std::abs(x[j]) * per))]++;
+    int64_t at = 0;
+    for (auto& c : count_of) std::swap(c, at), at += c;
+    for (int64_t j = 0; j < n; ++j) queries[count_of[bucket[j]]++] = int32_t(j);
+  }
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    thread_local std::vector<T> xq, lanes[2 + kTopKLanesMax], outs[kTopKLanesMax];
+    thread_local std::vector<T> xq, lanes[5 + kTopKLanesMax], outs[kTopKLanesMax];
     const int64_t padded = n + kPairPad;
-    xq.assign(padded, T(0));
-    for (int64_t i = 0; i < n; ++i) xq[i] = T(x[i]);
-    const T* w[2 + kTopKLanesMax];
+    const T* w[5 + kTopKLanesMax];
     T* o[kTopKLanesMax];
-    for (int64_t r = 0; r < 2 + K; ++r) lanes[r].assign(padded, T(r == 1 ? -1 : 0)), w[r] = lanes[r].data();
-    for (int64_t q = 0; q < m; ++q) {
+    // what the pass reads past the m candidates and the n queries: α_0 = 0 at m, the pads
+    xq.resize(padded);
+    for (int64_t r = 0; r < 5 + K; ++r) {
+      lanes[r].resize(padded), w[r] = lanes[r].data();
+      std::fill(lanes[r].begin() + (r == 4 + K ? n : m), lanes[r].end(), T(r == 1 ? -1 : r == 4 + K ? -2 : 0));
+    }
+    std::fill(xq.begin() + n, xq.end(), T(0));
+    for (int64_t q = 0; q < n; ++q) xq[q] = T(x[queries[q]]), lanes[4 + K][q] = T(queries[q]);
+    // the suffix maxima with room for the rounding of α and x to T and of the
+    // score's three operations in T (≤ 4 ulp of float: 1e-5 is ample)
+    double A = 0, B = 0;
+    for (int64_t q = m - 1; q >= 0; --q) {
       const int32_t i = order[q];
       lanes[0][q] = T(x[i]), lanes[1][q] = T(i);
       for (int64_t c = 0; c < K; ++c) lanes[2 + c][q] = T(alpha[c * n + i]);
+      A = std::max(A, alpha[i]), B = std::max(B, alpha[i] * std::abs(x[i]));
+      lanes[2 + K][q] = T(A * (1.0 + 1e-5)), lanes[3 + K][q] = T(B * (1.0 + 1e-5));
     }
     for (int64_t c = 0; c < K; ++c) outs[c].resize(padded), o[c] = outs[c].data();
     switch (K) {
@@ -1780,7 +1827,7 @@ void topk_lanes_row(bool single, int64_t K, const double* x, const double* alpha
       default: pick_row_pass<T, TopKLanes<4>>()(xq.data(), w, o, n); break;
     }
     for (int64_t c = 0; c < K; ++c)
-      for (int64_t j = 0; j < n; ++j) best[c * n + j] = double(outs[c][j]);
+      for (int64_t q = 0; q < n; ++q) best[c * n + queries[q]] = double(outs[c][q]);
   };
   if (single) run(float{});
   else run(double{});
@@ -1794,8 +1841,8 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
   std::vector<Holds> what;
   for (int64_t c = 0; c < K; ++c) ins.push_back(a_in.select(0, c)), what.push_back(Holds::LogValues);
   ins.push_back(x_in), what.push_back(Holds::Finite);
-  auto winners = at::empty({K, R, n}, x_in.options().dtype(at::kInt));
-  int32_t* pwin = winners.data_ptr<int32_t>();
+  auto winners = argmax ? at::empty({K, R, n}, x_in.options().dtype(at::kInt)) : at::Tensor();
+  int32_t* pwin = argmax ? winners.data_ptr<int32_t>() : nullptr;
   const bool single = x_in.scalar_type() == at::kFloat;           // the direct pass in the graph's precision
   const bool lanes = !argmax && K <= kTopKLanesMax && direct_pays(n, kDirectMaxTopK);  // values only (no winners)
   auto out = over_rows(ins, what, int(K), [&](int64_t r, const double* const* in, double* const* o) {
@@ -1811,7 +1858,7 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
     auto score = [&](int64_t c, int64_t i) { return in[c][i]; };
     auto put = [&](int64_t c, int64_t j, double v, int32_t tag) {
       o[c][j] = v;
-      pwin[(c * R + r) * n + j] = tag;
+      if (pwin) pwin[(c * R + r) * n + j] = tag;
     };
     double top_score = -kInf, xmax = 0;
     for (int64_t i = 0; i < n; ++i) top_score = std::max(top_score, score(0, i)), xmax = std::max(xmax, std::abs(xr[i]));
@@ -1825,7 +1872,7 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
     if (lanes) {
       guard = flush_for_direct(linear, K * n, single);
       topk_lanes_row(single, K, xr, linear.data(), n, best.data());
-      std::fill(tags.begin(), tags.end(), -1);
+      if (pwin) std::fill(tags.begin(), tags.end(), -1);  // (the lanes run only without winners)
     } else {
       candidates.clear();
       for (int64_t i = 0; i < n; ++i)
