@@ -170,6 +170,30 @@ def test_small_cnn_runs_in_every_semiring():
         assert v.shape[:4] == x.shape and not torch.isnan(v).all()
 
 
+def mul_operands():
+    # MulBackward0 reads its weights off the saved operands: broadcast operands, a square (both edges
+    # from one tensor), zeros (no edge), ties, sign changes, a constant 0-dim factor and a detached one
+    x, y = seeded_leaf(3, 4, seed=11), seeded_leaf(4, seed=12)
+    z = torch.tensor([[0.0, 1.5, 1.5, -2.0], [3.0, -1.5, 0.0, 0.25]], dtype=D, requires_grad=True)
+    c = torch.tensor(-2.5, dtype=D)
+    out = (x[:2] * y) * (z * z) * c + x[1:] * x[1:].detach() * z
+    return out.sin(), [x, y, z], None
+
+
+def test_mul_weight_takes_the_stock_backward_dtype():
+    # float32 output, float64 0-dim factor: the stock backward's weight is the factor rounded to float32
+    x = torch.ones(3, dtype=torch.float32, requires_grad=True)
+    third = torch.tensor(1 / 3, dtype=torch.float64)
+    out = x * third
+    assert out.dtype == torch.float32
+    (stock,) = torch.autograd.grad(out.sum(), x, retain_graph=True)
+    for semiring in ["max_abs", "abs", "count", "viterbi", "max_prod"]:
+        (v,) = ts.grad(out, x, semiring=semiring, retain_graph=True)
+        expected = {"max_abs": stock.abs(), "abs": stock.abs(), "count": torch.ones(3), "viterbi": stock.abs().log(),
+                    "max_prod": stock}[semiring]
+        torch.testing.assert_close(v, expected, rtol=0, atol=0, msg=semiring)
+
+
 def batch_norm_training():
     x = seeded_leaf(3, 2, 2, 2)
     w, b = seeded_leaf(2), seeded_leaf(2)
@@ -180,7 +204,7 @@ CASES = [
     convolutions, convolutions_3d_and_transposed, batch_norm_training, resampling,
     in_place_writes,
     softmaxes, layer_norms, attention_fused, embedding_and_losses,
-    pointwise_broadcast, pointwise_zoo, parallel_edges, reductions, layout, slices_selects_cats, contractions,
+    pointwise_broadcast, pointwise_zoo, mul_operands, parallel_edges, reductions, layout, slices_selects_cats, contractions,
     selections,
     mlp3, attention_by_hand, nonleaf_and_edges, grad_outputs_given,
 ] + [c for c in REFERENCE_CASES if c.__name__ != "custom_function"]
