@@ -180,6 +180,15 @@ def mul_operands():
     return out.sin(), [x, y, z], None
 
 
+def add_operands():
+    # AddBackward0 with alpha = 1 passes values through: a tensor added to itself (one value down both edges),
+    # broadcast operands, residual chains; alpha = 2 and -1 take the general diagonal rule
+    x, y = seeded_leaf(3, 4, seed=13), seeded_leaf(4, seed=14)
+    h = (x + x).tanh() + y
+    h = h + torch.add(h.sin(), y, alpha=2.0) + torch.add(x, h.cos(), alpha=-1.0)
+    return h * h, [x, y], None
+
+
 def test_mul_weight_takes_the_stock_backward_dtype():
     # float32 output, float64 0-dim factor: the stock backward's weight is the factor rounded to float32
     x = torch.ones(3, dtype=torch.float32, requires_grad=True)
@@ -204,7 +213,7 @@ CASES = [
     convolutions, convolutions_3d_and_transposed, batch_norm_training, resampling,
     in_place_writes,
     softmaxes, layer_norms, attention_fused, embedding_and_losses,
-    pointwise_broadcast, pointwise_zoo, mul_operands, parallel_edges, reductions, layout, slices_selects_cats, contractions,
+    pointwise_broadcast, pointwise_zoo, mul_operands, add_operands, parallel_edges, reductions, layout, slices_selects_cats, contractions,
     selections,
     mlp3, attention_by_hand, nonleaf_and_edges, grad_outputs_given,
 ] + [c for c in REFERENCE_CASES if c.__name__ != "custom_function"]

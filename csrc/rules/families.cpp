@@ -85,6 +85,24 @@ std::vector<Tensor> mul_rule(const RuleContext& ctx, const std::vector<Tensor>& 
   return out;
 }
 
+// AddBackward0 with alpha = 1 (residual connections): both weights are 1 and
+// ⊗ lift(1) is the identity in every semiring, so the value at the output is
+// each input's value, as is — no tensor of ones, no backward call, no ⊗ pass
+// (for viterbi or log that pass takes a logarithm per element). Other alphas
+// take the general diagonal rule.
+std::vector<Tensor> add_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
+  const auto& alpha = static_cast<AddBackward0&>(ctx.node).alpha;
+  const bool unit = !alpha.isComplex() && alpha.toDouble() == 1.0;
+  if (!unit || grads.empty() || !grads[0].defined() || c10::multiply_integers(ctx.output_shape(0)) == 1)
+    return diagonal_rule(ctx, grads);
+  for (size_t j = 1; j < grads.size(); ++j)
+    if (grads[j].defined()) return diagonal_rule(ctx, grads);  // (its error message)
+  std::vector<Tensor> out(ctx.node.num_outputs());
+  for (size_t i = 0; i < out.size(); ++i)
+    if (ctx.needs(i)) out[i] = grads[0];
+  return out;
+}
+
 std::vector<Tensor> declared_diagonal_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
   const auto O = ctx.output_shape(0);
   // One output element: J is one row, which diagonal_rule reads off exactly.
@@ -492,6 +510,7 @@ const std::vector<std::string>& generic_families() { return generic_family_names
 void register_builtin_rules() {
   for (const char* name : kPointwiseNodes) register_rule(name, diagonal_rule, "pointwise");
   register_rule("MulBackward0", mul_rule, "pointwise");  // the diagonal from its saved operands
+  register_rule("AddBackward0", add_rule, "pointwise");  // alpha = 1: the identity
   for (const char* name : kBijective) register_rule(name, bijective_rule, "placement");
   for (const char* name : kInjective) register_rule(name, injective_rule, "placement");
   register_rule("ExpandBackward0", broadcast_rule, "broadcast");
