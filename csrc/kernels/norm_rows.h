@@ -20,9 +20,11 @@
 //   sums, rows of ≤ 512 elements: a direct pair pass, O(N²/L) vector steps
 //           (L lanes) — each pair's |y| (or [y ≠ 0]) computed once for both
 //           orders, in the graph's precision (float rows: 16 lanes on AVX-512),
-//           a sum of non-negative terms; below ~600 elements it is cheaper than
-//           the sorted sums (MiniLM's 384: 10.4 vs 13.4 µs a row, abs;
-//           benchmarks/norm_rows.py gives every semiring and length).
+//           a sum of non-negative terms, 4 rows i at a time over the same
+//           vectors of j (norm_rows.cpp, PairPass); below ~600 elements it is
+//           cheaper than the sorted sums (MiniLM's 384: ~6 µs a row, abs, was
+//           10.4 with a row at a time, vs 13.4 sorted; benchmarks/norm_rows.py
+//           gives every semiring and length).
 //   sums, longer rows: O(N log N) — |1 + x_i t| changes sign once in the sorted x (at
 //           x = −1/t), so each side is Σw + t·Σw·x over a range of the sorted
 //           row, read from a disjoint sparse table (range sums with no
@@ -53,10 +55,14 @@
 //           spread over orders of magnitude, as in log space) each query takes
 //           the best of them directly.
 //   top-k values (no winners), k ≤ 4, rows of ≤ 1024 elements: queries in
-//           vector lanes keep their k best in registers while the candidates
-//           go by largest first, a candidate that no lane takes skipped by one
-//           compare: O(N²/L) steps plus 2k per insertion (N = 384: 52.5 vs 125
-//           µs a row by the merge below, 1024: 206 vs 322; float32, AVX-512).
+//           vector lanes (sorted by |x|) keep their k best in registers while
+//           the candidates go by largest bound first, a candidate that no lane
+//           takes skipped by one compare, and a vector done once the bound
+//           α_0 + α_0·|x_i|·max|t| of every later candidate (suffix maxima) is
+//           at or below each lane's k-th best: O(N·S/L) steps for S candidates
+//           visited (N worst) plus 2k per insertion (N = 384: ~23 µs a row,
+//           was 52.5 visiting every candidate, 125 by the merge below;
+//           float32, AVX-512; MiniLM's rows: a few dozen candidates a vector).
 //   top-k otherwise: the same bound for the k-th best answer, per block of 32 sorted
 //           queries (the bounds: two vector passes over the Nk candidates,
 //           O(Nk/L) steps a block plus O(k²) per insertion into the kept lows),

@@ -77,6 +77,7 @@ std::vector<Tensor> mul_rule(const RuleContext& ctx, const std::vector<Tensor>& 
     Tensor w = ctx.unpack(i == 0 ? node.other_ : node.self_);
     if (!w.defined() || w.is_complex() || !at::is_expandable_to(w.sizes(), O)) return diagonal_rule(ctx, grads);
     w = w.to(at::result_type(at::empty({0}, out_opts), w));  // as grad·w in the output's dtype
+    if (w.device() != g.device()) w = w.to(g.device());  // a Python number (a CPU 0-dim tensor) times a device tensor
     weights[i] = w.scalar_type() == g.scalar_type() ? w : w.to(g.scalar_type());
   }
   std::vector<Tensor> out(ctx.node.num_outputs());
