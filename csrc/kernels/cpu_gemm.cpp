@@ -660,48 +660,39 @@ bool (*pick_kernel(Isa isa))(const Job<T>&) {
 // the same two numbers with one rounding) would fail the product.
 // (Carrying the indices through TopKMerge's network instead needs a mask and
 // two more blends per compare-exchange: ~2× the kmax product's time.)
-// Cost: the scan ~ a max-plus product; O(k) per candidate that reaches t.
+// A hit is taken a vector of outputs at a time, without branching per lane:
+// per entry e the candidates x = g[e, m, k'] + b of the vector's lanes
+// (stop at the first e where no lane reaches t), and per slot s of the
+// lists a compare of x with the slot's score and a select of the index into
+// the lanes where x takes that slot. (Per lane, with a branch per bit, per
+// entry and per slot, a hit cost ~65 ns here: 3–5× the product itself.)
+// For locality g is first copied entry-innermost (M, K, E), and each tile's
+// lists and indices are held in a local block, written back once.
+// Cost: the copy of g and the scan ~ a max-plus product; per vector with a
+// hit, O(E) per entry that reaches t, in L1.
 template <class T>
 struct WinnersJob {
   int64_t M, N, K, E;
-  const T* a;     // g's scores (E, M, K), strided
-  int64_t a_c, a_m, a_k;
+  const T* a;     // g's scores, entry innermost: a[(m·K + k)·E + e]
   const T* bpack; // B, panel-major as for the product (NR lanes)
   const T* best;  // the lists (E, M, N): component stride b_c, contiguous (M, N)
   int64_t b_c;
-  int32_t* idx;   // their winners, −1 on entry (E, M, N): component stride i_c
+  int32_t* idx;   // their winners (E, M, N): component stride i_c
   int64_t i_c;
 };
 
-// Gives candidate x (>= the list's last score) its slot in the descending
-// list `best` of E scores (strides bs, is), as described above.
-template <class T>
-inline void place_candidate(const T* best, int32_t* idx, int64_t bs, int64_t is, int64_t E, T x, int32_t code) {
-  int64_t p = 0;
-  for (int64_t j = 0; j < E; ++j) p += best[j * bs] > x;
-  while (p < E && best[p * bs] == x && idx[p * is] >= 0) ++p;
-  if (p < E && best[p * bs] == x) idx[p * is] = code;
-}
-
-// The hits of column k for the tile at (m0, n0): bits[i·NV + j] lane l.
-// b: B's row k of the panel; thr: the tile's thresholds (NaN outside M × N).
-template <class T, int MR, int NR, int L>
-__attribute__((noinline)) void take_hits(const WinnersJob<T>& J, const uint32_t* bits, int64_t m0, int64_t n0,
-                                         int64_t k, const T* b, const T* thr) {
-  for (int h = 0; h < MR * (NR / L); ++h) {
-    for (uint32_t rest = bits[h]; rest; rest &= rest - 1) {
-      const int i = h / (NR / L), c = h % (NR / L) * L + __builtin_ctz(rest);
-      const int64_t m = m0 + i, n = n0 + c;
-      const T t = thr[i * NR + c], bk = b[c];
-      const T* a = J.a + m * J.a_m + k * J.a_k;
-      const T* best = J.best + m * J.N + n;
-      int32_t* ix = J.idx + m * J.N + n;
-      for (int64_t e = 0; e < J.E; ++e) {
-        const T x = a[e * J.a_c] + bk;  // the kernel's term, bit for bit (MaxPlusOnFma: one rounding)
-        if (!(x >= t)) break;           // the list descends: no later entry reaches t
-        place_candidate(best, ix, J.b_c, J.i_c, J.E, x, int32_t(k * J.E + e));
-      }
-    }
+// Candidates x (NaN in lanes that do not reach their last score) take their
+// slots in the lanes' descending lists (E vectors of scores, E of indices,
+// −1 where free), as described above: the first slot holding x whose index
+// is still free. (Every mask is a comparison feeding a select: GCC turns a
+// comparison kept as a vector value into code lane by lane.)
+template <class V>
+TS_TILE_FN void place_candidates(const V* scores, V* ids, int64_t E, V x, V code) {
+  const V none = V{} + std::numeric_limits<typename std::remove_reference<decltype(x[0])>::type>::quiet_NaN();
+  for (int64_t s = 0; s < E; ++s) {
+    const V free_x = ids[s] < 0 ? x : none;  // x, where slot s is free
+    ids[s] = scores[s] == free_x ? code : ids[s];
+    x = scores[s] == free_x ? none : x;      // placed: no further slot
   }
 }
 
@@ -709,35 +700,81 @@ template <class T, class V, int MR, int NV>
 TS_TILE_FN void run_winners(const WinnersJob<T>& J) {
   constexpr int L = sizeof(V) / sizeof(T), NR = NV * L;
   constexpr T nan = std::numeric_limits<T>::quiet_NaN(), lowest = std::numeric_limits<T>::lowest();
-  const int64_t M = J.M, N = J.N, K = J.K;
-  const T* last = J.best + (J.E - 1) * J.b_c;  // the k-th best of each output
-  alignas(64) T thr[MR * NR];
+  const int64_t M = J.M, N = J.N, K = J.K, E = J.E;
+  alignas(64) T block[MR * NR * 8];      // the tile's lists: vector (i, j), slot s at ((i·NV + j)·E + s)·L; E ≤ 8
+  alignas(64) T block_ids[MR * NR * 8];  // their indices k·E + e (exact in T: see kmax_matmul_argmax), −1: free
+  thread_local std::vector<int32_t> noted_hits;
+  noted_hits.resize(K * MR * NV + 1);
+  int32_t* hits = noted_hits.data();
   for (int64_t n0 = 0; n0 < N; n0 += NR) {
     const T* bp = J.bpack + n0 * K;  // panel n0 / NR
+    const int64_t nv = std::min<int64_t>(NR, N - n0);
     for (int64_t m0 = 0; m0 < M; m0 += MR) {
-      // A list with fewer than E scores has t = −∞: then every finite
-      // candidate wins (there are fewer than E of them), none of −∞.
-      for (int i = 0; i < MR; ++i)
-        for (int c = 0; c < NR; ++c)
-          thr[i * NR + c] = m0 + i < M && n0 + c < N ? std::max(last[(m0 + i) * N + n0 + c], lowest) : nan;
+      const int64_t mv = std::min<int64_t>(MR, M - m0);
       V t[MR][NV];
       const T* rows[MR];
+      const bool whole = mv == MR && nv == NR;
       for (int i = 0; i < MR; ++i) {
-        for (int j = 0; j < NV; ++j) t[i][j] = load<V>(thr + i * NR + j * L);
-        rows[i] = J.a + std::min(m0 + i, M - 1) * J.a_m;  // rows past M: thresholds NaN, no hits
+        rows[i] = J.a + std::min(m0 + i, M - 1) * K * E;  // rows past M: thresholds NaN, no hits
+        for (int j = 0; j < NV; ++j) {
+          T* lists = block + (i * NV + j) * E * L;
+          T* ids = block_ids + (i * NV + j) * E * L;
+          for (int64_t s = 0; s < E; ++s) {
+            const T* src = J.best + s * J.b_c + (m0 + i) * N + n0 + j * L;
+            if (whole) {
+              store(lists + s * L, load<V>(src));
+            } else {
+              for (int l = 0; l < L; ++l) lists[s * L + l] = i < mv && j * L + l < nv ? src[l] : nan;
+            }
+            store(ids + s * L, V{} - 1);
+          }
+          // A list with fewer than E scores has t = −∞: then every finite
+          // candidate wins (there are fewer than E of them), none of −∞.
+          const V last = load<V>(lists + (E - 1) * L);
+          t[i][j] = last == last ? max_keep(last, V{} + lowest) : last;  // NaN outside M × N: no hits
+        }
       }
+      // The scan: per k, which vectors have a lane reaching t (one branch per k);
+      // each such (k, vector) is noted, without a branch per vector.
+      int64_t noted = 0;
       for (int64_t k = 0; k < K; ++k) {
         V b[NV];
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) b[j] = load<V>(bp + k * NR + j * L);
         uint32_t bits[MR * NV], any = 0;
         _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
           _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
-            bits[i * NV + j] = lanes_where<kAtLeast>(MaxPlusKernel::term(rows[i][k * J.a_k], b[j]), t[i][j]);
+            bits[i * NV + j] = lanes_where<kAtLeast>(MaxPlusKernel::term(rows[i][k * E], b[j]), t[i][j]);
             any |= bits[i * NV + j];
           }
         }
-        if (any) take_hits<T, MR, NR, L>(J, bits, m0, n0, k, bp + k * NR, thr);
+        if (any) {
+          _Pragma("GCC unroll 16") for (int h = 0; h < MR * NV; ++h) {
+            hits[noted] = int32_t(k * MR * NV + h);
+            noted += bits[h] != 0;
+          }
+        }
       }
+      // The hits: a vector's candidates, entry by entry while any lane reaches t.
+      for (int64_t q = 0; q < noted; ++q) {
+        const int64_t k = hits[q] / (MR * NV);
+        const int h = int(hits[q] % (MR * NV)), i = h / NV, j = h % NV;
+        const V bk = load<V>(bp + k * NR + j * L), tt = t[i][j];
+        V* lists = reinterpret_cast<V*>(block + h * E * L);
+        V* ids = reinterpret_cast<V*>(block_ids + h * E * L);
+        const T* a = rows[i] + k * E;
+        for (int64_t e = 0; e < E; ++e) {
+          const V x = MaxPlusKernel::term(a[e], bk);  // the kernel's term, bit for bit
+          if (e > 0 && !lanes_where<kAtLeast>(x, tt)) break;  // the lists descend
+          place_candidates(lists, ids, E, x >= tt ? x : V{} + nan, V{} + T(k * E + e));
+        }
+      }
+      for (int64_t i = 0; i < mv; ++i)
+        for (int j = 0; j < NV; ++j)
+          for (int64_t s = 0; s < E; ++s) {
+            const T* ids = block_ids + ((i * NV + j) * E + s) * L;
+            int32_t* dst = J.idx + s * J.i_c + (m0 + i) * N + n0 + j * L;
+            for (int l = 0; l < L && j * L + l < nv; ++l) dst[l] = int32_t(ids[l]);
+          }
     }
   }
 }
@@ -1012,7 +1049,7 @@ bool launch(Isa isa, const Tensor& a, const Tensor& w, Tensor& out, Tensor* idx)
 
 // The winners of a kmax product's lists (see WinnersJob): a (E, *batch, M, K)
 // g's scores, w the distinct entries of the weight, best the kmax kernel's
-// lists (E, *batch, M, N) contiguous; fills idx (same shape, −1 on entry).
+// lists (E, *batch, M, N) contiguous; fills idx (same shape).
 // False where a finite score got no index (see WinnersJob).
 template <class T>
 bool launch_winners(Isa isa, const Tensor& a, const Tensor& w, const Tensor& best, Tensor& idx) {
@@ -1021,11 +1058,18 @@ bool launch_winners(Isa isa, const Tensor& a, const Tensor& w, const Tensor& bes
   const int64_t M = a.size(-2), K = a.size(-1), N = w.size(-1);
   auto run = pick_winners<T>(isa);
   WinnersJob<T> J;
-  J.M = M, J.N = N, J.K = K, J.E = a.size(0);
-  J.a_c = a.stride(0), J.a_m = a.stride(-2), J.a_k = a.stride(-1);
+  const int64_t E = a.size(0), a_c = a.stride(0), a_m = a.stride(-2), a_k = a.stride(-1);
+  J.M = M, J.N = N, J.K = K, J.E = E;
   J.b_c = best.stride(0), J.i_c = idx.stride(0);
+  thread_local std::vector<T> entry_innermost;
+  entry_innermost.resize(M * K * E);
   const bool ran = for_each_batch_entry(a, w, [&](int64_t e, int64_t a_offset, int64_t entry) {
-    J.a = a.data_ptr<T>() + a_offset;
+    const T* src = a.data_ptr<T>() + a_offset;
+    T* dst = entry_innermost.data();
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k)
+        for (int64_t c = 0; c < E; ++c) dst[(m * K + k) * E + c] = src[c * a_c + m * a_m + k * a_k];
+    J.a = dst;
     J.bpack = panels.entry(entry);
     if (!J.bpack) return false;
     J.best = best.data_ptr<T>() + e * M * N;
@@ -1199,6 +1243,8 @@ std::tuple<Tensor, Tensor> kmax_matmul_argmax(const Tensor& g, const Tensor& w, 
   BatchedOperands ops;
   if (k < 1 || k > 8 || g.size(0) != k || !kernel_applies(g, w, ops)) return {};
   if (!index_fits(ops.g.size(-1), k)) return {};
+  // the winners pass holds indices in the scores' type: exact in float below 2^24
+  if (g.scalar_type() == at::kFloat && ops.g.size(-1) * k > (int64_t(1) << 24)) return {};
   auto idx = at::empty(ops.out_shape, g.options().dtype(at::kInt));
   if (k == 1) {  // one score: the max-plus product with its argmax
     auto out = at::empty(ops.out_shape, g.options());
@@ -1208,7 +1254,6 @@ std::tuple<Tensor, Tensor> kmax_matmul_argmax(const Tensor& g, const Tensor& w, 
   // The lists, then their winners (WinnersJob).
   auto best = kmax_matmul(g, w, k);
   if (!best.defined()) return {};
-  idx.fill_(-1);
   const Isa isa = detect_isa();
   const Tensor entries = distinct_entries(w);
   const bool ok = g.scalar_type() == at::kFloat ? launch_winners<float>(isa, ops.g, entries, best, idx)
