@@ -471,7 +471,7 @@ static inline __attribute__((always_inline)) void run(const T* x, const T* const
 }
 };
 
-// kmax values (no winners) on short rows: the K largest of α_c[i]·|1 + x_i x_j|
+// kmax values (with their winners for paths) on short rows: the K largest of α_c[i]·|1 + x_i x_j|
 // over i ≠ j and the K entries c of each i, queries in lanes — a vector of
 // queries keeps its K best in registers while the candidates i go by as
 // scalars, largest bound first. A candidate none of whose lanes beats the
@@ -490,13 +490,20 @@ static inline __attribute__((always_inline)) void run(const T* x, const T* const
 // candidates' x and index i (as T), w[2 + c]: their α_c ≥ 0, w[2 + K],
 // w[3 + K]: the suffix maxima A and B (rounded up), candidates in order, the
 // rest (to n) with α_0 = 0; w[4 + K]: each query's index j (pads: −2);
-// out[c]: the c-th best of each query in the sorted order, 0 where none.
-template <int K>
+// out[c]: the c-th best of each query in the sorted order, 0 where none;
+// WINNERS: out[K + c] its candidate's tag i·K + c' (as T), −1 where none.
+// Ties keep the candidate visited first.
+template <int K, bool WINNERS = false>
 struct TopKLanes {
   template <class T, class V>
-  static inline __attribute__((always_inline)) void insert(V* best, V v) {  // best descending, the last drops
+  static inline __attribute__((always_inline)) void insert(V* best, V v, V* tags, V tag) {  // best descending, the last drops
     for (int c = 0; c < K; ++c) {
       const V high = v > best[c] ? v : best[c];
+      if constexpr (WINNERS) {
+        const V tag_high = v > best[c] ? tag : tags[c];
+        tag = v > best[c] ? tags[c] : tag;
+        tags[c] = tag_high;
+      }
       v = v > best[c] ? best[c] : v;
       best[c] = high;
     }
@@ -510,8 +517,10 @@ struct TopKLanes {
       const V t = load<V>(x + j0);
       const V query = load<V>(w[4 + K] + j0);  // each lane's own index, to drop the pair i = j
       const T reach = lanes_fold<Fold::kMax, T>(abs_lanes<T>(t));
-      V best[K];
+      V best[K], tags[WINNERS ? K : 1];
       for (int c = 0; c < K; ++c) best[c] = V{};
+      if constexpr (WINNERS)
+        for (int c = 0; c < K; ++c) tags[c] = V{} - 1;
       for (int64_t q = 0; q < n && w[2][q] > 0; ++q) {  // α_0 = 0: the candidates are over
         if (q % kCheck == 0 && A[q] + B[q] * reach <= lanes_fold<Fold::kMin, T>(best[K - 1])) break;  // none can enter
         V y;
@@ -521,10 +530,12 @@ struct TopKLanes {
         for (int c = 0; c < K; ++c) {
           const V v = a * w[2 + c][q];
           if (!any_greater(v, best[K - 1])) break;  // no lane enters, nor with the smaller α of later entries
-          insert<T, V>(best, v);
+          insert<T, V>(best, v, tags, V{} + (ci[q] * T(K) + T(c)));
         }
       }
       for (int c = 0; c < K; ++c) store(out[c] + j0, best[c]);
+      if constexpr (WINNERS)
+        for (int c = 0; c < K; ++c) store(out[K + c] + j0, tags[c]);
     }
   }
 };
@@ -569,7 +580,7 @@ RowPass<T> pick_row_pass() {
 // Rows of at most kDirectMax elements take the direct pair pass for abs,
 // count, log, entropy and max_prod (and, when no winners are wanted, max_abs
 // and viterbi), longer ones the sorted range sums (SumRow) or the envelopes;
-// kmax values (k ≤ 4) take TopKLanes up to kDirectMaxTopK. By their measured
+// kmax (k ≤ 8) takes TopKLanes up to kDirectMaxTopK. By their measured
 // cost, µs a row (benchmarks/norm_rows.py: 64 float32 rows, AVX-512, one
 // core, best of 7; direct / sorted):
 //             N = 384       512          768          1024
@@ -1712,9 +1723,13 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const
 
 // One row of kmax values by TopKLanes (K ≤ kTopKLanesMax) in the graph's
 // precision (single: float lanes): best[c·n + j], linear, 0 where none; alpha
-// (K·n, entry c of element i at c·n + i) ≥ 0, falling with c.
-constexpr int64_t kTopKLanesMax = 4;
-void topk_lanes_row(bool single, int64_t K, const double* x, const double* alpha, int64_t n, double* best) {
+// (K·n, entry c of element i at c·n + i) ≥ 0, falling with c; with `tags`,
+// tags[c·n + j] = the winner i·K + c' of best[c·n + j], −1 where none.
+constexpr int64_t kTopKLanesMax = 8;
+template <int K>
+using TopKWinners = TopKLanes<K, true>;
+void topk_lanes_row(bool single, int64_t K, const double* x, const double* alpha, int64_t n, double* best,
+                    int32_t* tags) {
   thread_local std::vector<int32_t> order, queries;
   thread_local std::vector<int8_t> group_of;
   thread_local std::vector<uint8_t> bucket;
@@ -1744,10 +1759,10 @@ void topk_lanes_row(bool single, int64_t K, const double* x, const double* alpha
   }
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    thread_local std::vector<T> xq, lanes[5 + kTopKLanesMax], outs[kTopKLanesMax];
+    thread_local std::vector<T> xq, lanes[5 + kTopKLanesMax], outs[2 * kTopKLanesMax];
     const int64_t padded = n + kPairPad;
     const T* w[5 + kTopKLanesMax];
-    T* o[kTopKLanesMax];
+    T* o[2 * kTopKLanesMax];
     // what the pass reads past the m candidates and the n queries: α_0 = 0 at m, the pads
     xq.resize(padded);
     for (int64_t r = 0; r < 5 + K; ++r) {
@@ -1766,15 +1781,27 @@ void topk_lanes_row(bool single, int64_t K, const double* x, const double* alpha
       A = std::max(A, alpha[i]), B = std::max(B, alpha[i] * std::abs(x[i]));
       lanes[2 + K][q] = T(A * (1.0 + 1e-5)), lanes[3 + K][q] = T(B * (1.0 + 1e-5));
     }
-    for (int64_t c = 0; c < K; ++c) outs[c].resize(padded), o[c] = outs[c].data();
+    for (int64_t c = 0; c < 2 * K; ++c) outs[c].resize(padded), o[c] = outs[c].data();
+    auto pass = [&](auto lanes_of_k) {
+      constexpr int k = decltype(lanes_of_k)::value;
+      if (tags) pick_row_pass<T, TopKWinners<k>>()(xq.data(), w, o, n);
+      else pick_row_pass<T, TopKLanes<k>>()(xq.data(), w, o, n);
+    };
     switch (K) {
-      case 1: pick_row_pass<T, TopKLanes<1>>()(xq.data(), w, o, n); break;
-      case 2: pick_row_pass<T, TopKLanes<2>>()(xq.data(), w, o, n); break;
-      case 3: pick_row_pass<T, TopKLanes<3>>()(xq.data(), w, o, n); break;
-      default: pick_row_pass<T, TopKLanes<4>>()(xq.data(), w, o, n); break;
+      case 1: pass(std::integral_constant<int, 1>{}); break;
+      case 2: pass(std::integral_constant<int, 2>{}); break;
+      case 3: pass(std::integral_constant<int, 3>{}); break;
+      case 4: pass(std::integral_constant<int, 4>{}); break;
+      case 5: pass(std::integral_constant<int, 5>{}); break;
+      case 6: pass(std::integral_constant<int, 6>{}); break;
+      case 7: pass(std::integral_constant<int, 7>{}); break;
+      default: pass(std::integral_constant<int, 8>{}); break;
     }
     for (int64_t c = 0; c < K; ++c)
-      for (int64_t q = 0; q < n; ++q) best[c * n + queries[q]] = double(outs[c][q]);
+      for (int64_t q = 0; q < n; ++q) {
+        best[c * n + queries[q]] = double(outs[c][q]);
+        if (tags) tags[c * n + queries[q]] = int32_t(outs[K + c][q]);
+      }
   };
   if (single) run(float{});
   else run(double{});
@@ -1791,7 +1818,7 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
   auto winners = argmax ? at::empty({K, R, n}, x_in.options().dtype(at::kInt)) : at::Tensor();
   int32_t* pwin = argmax ? winners.data_ptr<int32_t>() : nullptr;
   const bool single = x_in.scalar_type() == at::kFloat;           // the direct pass in the graph's precision
-  const bool lanes = !argmax && K <= kTopKLanesMax && direct_pays(n, kDirectMaxTopK);  // values only (no winners)
+  const bool lanes = K <= kTopKLanesMax && direct_pays(n, kDirectMaxTopK);  // tags i·K + c exact in float lanes
   auto out = over_rows(ins, what, int(K), [&](int64_t r, const double* const* in, double* const* o) {
     thread_local TopCandidates top;
     thread_local RadixSorter sorter;
@@ -1818,8 +1845,7 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
     double guard = kUnderflowGuard;
     if (lanes) {
       guard = flush_for_direct(linear, K * n, single);
-      topk_lanes_row(single, K, xr, linear.data(), n, best.data());
-      if (pwin) std::fill(tags.begin(), tags.end(), -1);  // (the lanes run only without winners)
+      topk_lanes_row(single, K, xr, linear.data(), n, best.data(), pwin ? tags.data() : nullptr);
     } else {
       candidates.clear();
       for (int64_t i = 0; i < n; ++i)

@@ -54,8 +54,8 @@
 //           a lower bound of every answer are dropped; when few are left (values
 //           spread over orders of magnitude, as in log space) each query takes
 //           the best of them directly.
-//   top-k values (no winners), k ≤ 4, rows of ≤ 1024 elements: queries in
-//           vector lanes (sorted by |x|) keep their k best in registers while
+//   top-k values (and winners, for paths), k ≤ 8, rows of ≤ 1024 elements: queries in
+//           vector lanes (sorted by |x|) keep their k best (and the winners' tags) in registers while
 //           the candidates go by largest bound first, a candidate that no lane
 //           takes skipped by one compare, and a vector done once the bound
 //           α_0 + α_0·|x_i|·max|t| of every later candidate (suffix maxima) is
@@ -63,7 +63,7 @@
 //           visited (N worst) plus 2k per insertion (N = 384: ~23 µs a row,
 //           was 52.5 visiting every candidate, 125 by the merge below;
 //           float32, AVX-512; MiniLM's rows: a few dozen candidates a vector).
-//   top-k otherwise: the same bound for the k-th best answer, per block of 32 sorted
+//   top-k otherwise (k > 8, longer rows): the same bound for the k-th best answer, per block of 32 sorted
 //           queries (the bounds: two vector passes over the Nk candidates,
 //           O(Nk/L) steps a block plus O(k²) per insertion into the kept lows),
 //           then each query merges the surviving candidates in vectors of L
