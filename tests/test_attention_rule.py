@@ -233,8 +233,8 @@ PATH_CASES = {
 @pytest.mark.parametrize("semiring", ["viterbi", "max_abs", "max_prod", "kmax"])
 @pytest.mark.parametrize("case", sorted(PATH_CASES))
 def test_paths_through_the_node_match_brute_force(case, semiring, block, monkeypatch):
-    # viterbi / max_abs paths take the fused loops with winners (the ids of
-    # the winning terms); max_prod / kmax paths the semiring's matmul. From
+    # viterbi / max_abs / kmax paths take the fused loops with winners (the
+    # ids of the winning terms); max_prod paths the semiring's matmul. From
     # each of q, k, v: every path must be a path of the graph whose edges
     # give its value, and the values the best by enumeration.
 

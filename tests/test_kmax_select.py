@@ -331,3 +331,31 @@ def test_paths_norm_rows_ids(base, k):
     E = a.size(0) // 2
     torch.testing.assert_close(got[:E], ref[:E], rtol=1e-12, atol=1e-12)
     assert torch.equal(got[E:], ref[E:])
+
+
+@pytest.mark.parametrize("k", [1, 3, 5, 8])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_paths_attention_row_products_ids(k, dtype, isa):
+    """kmax+paths' row products out[r, n] = ⊕_k' g[r, k'] ⊗ lift(w[r, k', n]) in the fused attention loops
+    (the lists, then their winners' ids) against the stable-sort reference: ids equal at ties too (scores
+    from few integers and |w| ∈ {1, 2}: a tie in log space is one in the loops' linear space), scores within
+    the loops' exp-shift rounding; a list with fewer than k paths (w = 0: no edge): −∞ and id −1 there."""
+    sr = _C.make_provenance("kmax", k)
+    gen = torch.Generator().manual_seed(100 + k)
+    R, K, N = 5, 7, 37  # N: whole vectors and a scalar tail on every instruction set
+    g = with_ids(kmax_lists(k, (R, K), gen, dtype, -3, 1), gen)
+    w = torch.randint(-2, 3, (R, K, N), generator=gen).to(dtype)
+    w[0] = 0.0  # row 0: no edge at all
+    got = _C.kernel_attention_row_products(sr, g, w)
+    assert got is not None
+    g64 = g.double()
+    # candidates of (r, n): index k'·k + e, score g[e, r, k'] + log|w[r, k', n]|
+    cand_s = (g64[:k].permute(1, 2, 0).unsqueeze(1) + w.double().abs().log().unsqueeze(-1).transpose(1, 2))
+    cand_i = g64[k:].permute(1, 2, 0).unsqueeze(1).expand_as(cand_s)
+    best, picked = stable_top(cand_s.flatten(-2), cand_i.flatten(-2), k)  # (R, N, k)
+    best, picked = best.permute(2, 0, 1), picked.permute(2, 0, 1)
+    torch.testing.assert_close(got[:k].double(), best, rtol=1e-12 if dtype == torch.float64 else 1e-6, atol=0)
+    path = best > -INF
+    assert torch.equal(got[k:].double()[path], picked[path])
+    assert (got[k:][~path] == -1).all()
+    assert not path[:, 0].any() and path.any()

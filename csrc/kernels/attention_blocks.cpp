@@ -15,6 +15,8 @@
 //   kmax (k ≤ 8)         the k largest a_k[j]·|w| (bitonic top-k merge), G_r + log of each
 //   viterbi / max_abs    as above, the winning k kept beside the max (one compare
 //     + paths            and two selects per term), its id copied per (r, n)
+//   kmax + paths         the lists as for kmax, then a pass naming their winners
+//                        (kmax_winners: a multiply and a compare per term)
 // Cost per row: K·N terms of a few vector instructions (kmax: ~k/2·log2 k + k
 // compare-exchanges; entropy: + a log), K exponentials, N logarithms (both
 // vectorised here: exp_of, log_of).
@@ -70,7 +72,8 @@ enum class Family { Real, Abs, Count, MaxAbs, MaxProd, Viterbi, Log, Entropy, KM
 
 // The loop a semiring has here (false: none). k: kmax's list length; ids:
 // the provenance version (values (score, id): the loop also reports which
-// term won, and the winner's id is copied — viterbi+paths and max_abs+paths).
+// term won, and the winner's id is copied — viterbi+paths and max_abs+paths;
+// kmax+paths: the lists as for kmax, then their winners, see kmax_winners).
 bool family_of(const Semiring& sr, Family& family, int64_t& k, bool& ids) {
   k = 1;
   ids = false;
@@ -78,7 +81,13 @@ bool family_of(const Semiring& sr, Family& family, int64_t& k, bool& ids) {
     ids = true;
     if (dynamic_cast<const ViterbiSemiring*>(&paths->base())) family = Family::Viterbi;
     else if (dynamic_cast<const MaxAbsSemiring*>(&paths->base())) family = Family::MaxAbs;
-    else return false;  // other selecting semirings' paths: the semiring's matmul
+    else if (auto* km = dynamic_cast<const KMaxSemiring*>(&paths->base())) {
+      family = Family::KMax;
+      k = km->k();
+      return k <= 8;
+    } else {
+      return false;  // other selecting semirings' paths (max_prod, min_plus): the semiring's matmul
+    }
     return true;
   }
   if (dynamic_cast<const RealSemiring*>(&sr)) family = Family::Real;
@@ -418,8 +427,8 @@ struct RowScalars {
   T G = 0;          // exp-shift (0 for the linear families)
   bool empty = false;       // no paths at all (every g is the zero): no results to check
   bool underflows = false;  // some a_k were flushed to 0
-  const T* ids = nullptr;   // provenance: the row's ids, id of k at ids[k·id_stride]
-  int64_t id_stride = 1;
+  const T* ids = nullptr;   // provenance: the row's ids, id of entry j of k at ids[j·id_plane + k·id_stride]
+  int64_t id_stride = 1, id_plane = 0;
 };
 
 // Lane-wise "any": a comparison mask (vector) or a bool (scalar).
@@ -589,6 +598,61 @@ TS_TILE_FN int64_t next_below(const T* a, int64_t N, T limit, int64_t from) {
   return N;
 }
 
+// kmax+paths: the ids of a row's lists. The lists (acc: E planes of stride
+// Ntot, linear, descending, 0 where no path) are the kernel's; a winner
+// scores at least t = the E-th best, and as the entries of s descend, only
+// the k whose first entry reaches t (and is a path, > 0) can hold one —
+// about E per result. A vector of results takes each such k's entries while
+// any lane reaches t; an entry takes the first free slot holding its score
+// (ties: the smallest k, then entry, as the kmax GEMM's winners), and the
+// slot gets the entry's id. Compares feed selects only (GCC turns a compare
+// kept as a vector value into code lane by lane). Cost: K·N terms of a
+// multiply and a compare, plus O(E) per entry that reaches t.
+template <class T, class V>
+TS_TILE_FN bool any_positive(V x) {  // NaN lanes: no
+  if constexpr (std::is_same<V, T>::value) return x > 0;
+  else return lanes_where<kGreater>(x, splat<V>(T(0))) != 0;
+}
+template <class T, class V>
+TS_TILE_FN void place_ids(const V* lists, V* ids, int64_t E, V x, V id) {
+  const V none = splat<V>(std::numeric_limits<T>::quiet_NaN());
+  for (int64_t c = 0; c < E; ++c) {
+    const V free_x = ids[c] < 0 ? x : none;  // x, where slot c is free
+    ids[c] = lists[c] == free_x ? id : ids[c];
+    x = lists[c] == free_x ? none : x;  // placed: no further slot
+  }
+}
+template <class T, class V, class Src>
+TS_TILE_FN void kmax_winners_at(const RowScalars<T>& row, const Src& src, int64_t K, int64_t n, const T* acc,
+                                int64_t Ntot, int64_t E, int P, T* out, int64_t plane) {
+  const V none = splat<V>(std::numeric_limits<T>::quiet_NaN());
+  V lists[8], ids[8];
+  for (int64_t c = 0; c < E; ++c) lists[c] = load<V>(acc + c * Ntot + n), ids[c] = splat<V>(T(-1));
+  const V t = lists[E - 1];
+  for (int64_t k = 0; k < K; ++k) {
+    const V w = magnitude(src.template at<V>(k, n));
+    const T* sk = row.s + k * P;
+    for (int64_t j = 0; j < E; ++j) {
+      const V x = sk[j] * w;  // the loop's term, bit for bit
+      V reach = x >= t ? x : none;
+      reach = reach > 0 ? reach : none;  // 0: no path
+      if (!any_positive<T>(reach)) break;    // the entries descend
+      place_ids<T, V>(lists, ids, E, reach, splat<V>(row.ids[j * row.id_plane + k * row.id_stride]));
+    }
+  }
+  for (int64_t c = 0; c < E; ++c) store(out + c * plane + n, ids[c]);
+}
+template <class T, class V, class Src>
+TS_TILE_FN void kmax_winners(const RowScalars<T>& row, const Src& src, int64_t K, int64_t N, int64_t Ntot,
+                             const T* acc, int64_t E, int P, T* out, int64_t plane) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  int64_t n = 0;
+  for (; n + L <= N; n += L) kmax_winners_at<T, V>(row, src, K, n, acc, Ntot, E, P, out, plane);
+  for (; n < N; ++n) kmax_winners_at<T, T>(row, src, K, n, acc, Ntot, E, P, out, plane);
+  for (; n < Ntot; ++n)  // columns past N (a causal block's later keys): no path
+    for (int64_t c = 0; c < E; ++c) out[c * plane + n] = T(-1);
+}
+
 // Writes a row's results (C planes at stride `plane`) from acc (kAcc planes of
 // stride Ntot; columns [N, Ntot) hold the zero) and lists the columns to
 // recompute. A result below the threshold is exact when it is exactly empty:
@@ -616,6 +680,7 @@ TS_TILE_FN void finish_row(Family family, int64_t kmax, const RowScalars<T>& row
       break;
   }
   const int64_t lists = family == Family::KMax ? kmax : 1;
+  if (family == Family::KMax && row.ids) kmax_winners<T, V>(row, src, K, N, Ntot, acc, kmax, Op::kPer, out + kmax * plane, plane);
   for (int64_t c = 0; c < lists; ++c) shifted_log<T, V>(acc + c * Ntot, row.G, Ntot, out + c * plane);
   if (family == Family::Entropy)
     for (int64_t n = 0; n < Ntot; ++n) out[plane + n] = acc[n] > 0 ? acc[Ntot + n] / acc[n] : T(0);
@@ -713,7 +778,7 @@ void run_isa(Job& job) {
 
 template <class T, class Job>
 void run_family(Family family, int64_t k, bool ids, Job& job) {
-  if (ids) return run_isa<ArgMaxOfProducts, T>(job);  // viterbi / max_abs + paths
+  if (ids && family != Family::KMax) return run_isa<ArgMaxOfProducts, T>(job);  // viterbi / max_abs + paths
   switch (family) {
     case Family::Real: return run_isa<SumOf<Family::Real>, T>(job);
     case Family::Abs:
@@ -761,8 +826,10 @@ struct RowProductsJob {
     RowScalars<T> row{s.data()};
     for (int64_t r = 0; r < R && !declined; ++r) {
       StoredWeights<T> src{w + r * K * N, N};
-      row.ids = g + r * gr + gc;  // component 1 of a provenance value (read only by the winner loop)
-      row.id_stride = gk;
+      if (ids) {  // the ids follow the scores (read only by the winner loops)
+        row.ids = g + r * gr + (family == Family::KMax ? kmax : 1) * gc;
+        row.id_stride = gk, row.id_plane = gc;
+      }
       if (!prepare_row<Op, T, V>(family, kmax, g + r * gr, gc, gk, K, row, scratch.data()) ||
           !row_products<Op, true, true, T, V>(s.data(), src, K, N, acc.data(), N)) {
         declined = true;
@@ -817,7 +884,10 @@ struct ValueBlocksJob {
           for (int64_t i = 0; i < rows_here; ++i) {
             const int64_t r = r0 + i;
             const T* g_row = g + (bh * R + r) * D;
-            rows[i].ids = g_row + BH * R * D;  // component 1 of a provenance value
+            if (ids) {  // the ids follow the scores
+              rows[i].ids = g_row + (family == Family::KMax ? kmax : 1) * BH * R * D;
+              rows[i].id_plane = BH * R * D;
+            }
             if (!prepare_row<Op, T, V>(family, kmax, g_row, BH * R * D, 1, D, rows[i], scratch.data())) {
               declined = true;
               return;

@@ -12,7 +12,7 @@
 //
 // Both entry points decline — an undefined tensor / false — where they do not
 // apply: a semiring without a loop here (Python, product, kmax with k > 8,
-// the max_prod and kmax provenance versions), a dtype other than float/double, a non-CPU tensor, a graph-building
+// the max_prod and min_plus provenance versions), a dtype other than float/double, a non-CPU tensor, a graph-building
 // call, non-finite weights or values outside what the loops are exact on. The
 // caller then takes the semiring's generic products, so these never return a
 // number the generic path would not.

@@ -20,6 +20,7 @@
 #include "../engine/node_hooks.h"
 #include "../hooks/engine_hooks.h"
 #include "../hooks/series_hooks.h"
+#include "../kernels/attention_blocks.h"
 #include "../kernels/cpu_gemm.h"
 #include "../kernels/device_gemm.h"
 #include "../kernels/lift_cache.h"
@@ -484,6 +485,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     else TORCH_CHECK_VALUE(false, "torch_semiring: no matmul kernel for semiring '", name, "'");
     return out.defined() ? py::cast(out) : py::none();
   }, py::arg("name"), py::arg("g"), py::arg("w"), py::arg("saved_operand") = false);
+  // The fused attention rule's row products out[r, n] = ⊕_k g[r, k] ⊗ lift(w[r, k, n]) by its CPU loops,
+  // None where they decline (tests compare them with the semiring's generic matmul).
+  m.def("kernel_attention_row_products", [](std::shared_ptr<Semiring> sr, const at::Tensor& g,
+                                            const at::Tensor& w) -> py::object {
+    auto out = kernels::attention_row_products(*sr, g, w);
+    return out.defined() ? py::cast(out) : py::none();
+  }, py::arg("semiring"), py::arg("g"), py::arg("w"));
   m.def("attention_node_standin", &attention_node_standin, py::arg("kind"), py::arg("q"), py::arg("k"), py::arg("v"),
         py::arg("out"), py::arg("lse"), py::arg("bias") = std::nullopt, py::arg("causal") = false,
         py::arg("scale") = std::nullopt, py::arg("dropout_p") = 0.0,

@@ -39,12 +39,12 @@
 // "Row products" out[r,n] = ⊕_k g[r,k] ⊗ lift(w[r,k,n]) (a vector–matrix
 // product per query row, no factorisation for a general semiring). Two routes:
 //   - kernels::attention_value_blocks (CPU, float/double, the built-in
-//     semirings and the viterbi / max_abs path versions): one pass per block of query rows forms Δ on the fly for Y,
+//     semirings and the viterbi / max_abs / kmax path versions): one pass per block of query rows forms Δ on the fly for Y,
 //     writes W for the GEMM and applies ⊗ lift(P); a second pass runs Q's row
 //     products over the block's J; in linear space with an exp-shift, see
 //     kernels/attention_blocks.cpp;
 //   - value_blocks_by_parts (any device or semiring: product, max_prod /
-//     kmax provenance, Python, reduced precision): the same blocks from ATen pieces, the row
+//     min_plus provenance, Python, reduced precision): the same blocks from ATen pieces, the row
 //     products by kernels::attention_row_products where the semiring has a
 //     loop, else by the semiring's matmul with M = 1.
 //
