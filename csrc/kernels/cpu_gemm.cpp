@@ -666,14 +666,17 @@ bool (*pick_kernel(Isa isa))(const Job<T>&) {
 // lists a compare of x with the slot's score and a select of the index into
 // the lanes where x takes that slot. (Per lane, with a branch per bit, per
 // entry and per slot, a hit cost ~65 ns here: 3–5× the product itself.)
-// For locality g is first copied entry-innermost (M, K, E), and each tile's
-// lists and indices are held in a local block, written back once.
-// Cost: the copy of g and the scan ~ a max-plus product; per vector with a
-// hit, O(E) per entry that reaches t, in L1.
+// The scan runs 32 k-steps at a time with their lane masks stored (no
+// branch per step), as TopKMergeKernel's filter; each tile's lists and
+// indices are held in a local block, the indices written back once.
+// Cost: the scan ~ a max-plus product; per vector with a hit, O(E) per
+// entry that reaches t, in L1. (kmax(5) at 64×1536×384: the pass ~0.9× the
+// product's time, was 2.7×.)
 template <class T>
 struct WinnersJob {
   int64_t M, N, K, E;
-  const T* a;     // g's scores, entry innermost: a[(m·K + k)·E + e]
+  const T* a;     // g's scores (E, M, K), strided
+  int64_t a_c, a_m, a_k;
   const T* bpack; // B, panel-major as for the product (NR lanes)
   const T* best;  // the lists (E, M, N): component stride b_c, contiguous (M, N)
   int64_t b_c;
@@ -703,9 +706,6 @@ TS_TILE_FN void run_winners(const WinnersJob<T>& J) {
   const int64_t M = J.M, N = J.N, K = J.K, E = J.E;
   alignas(64) T block[MR * NR * 8];      // the tile's lists: vector (i, j), slot s at ((i·NV + j)·E + s)·L; E ≤ 8
   alignas(64) T block_ids[MR * NR * 8];  // their indices k·E + e (exact in T: see kmax_matmul_argmax), −1: free
-  thread_local std::vector<int32_t> noted_hits;
-  noted_hits.resize(K * MR * NV + 1);
-  int32_t* hits = noted_hits.data();
   for (int64_t n0 = 0; n0 < N; n0 += NR) {
     const T* bp = J.bpack + n0 * K;  // panel n0 / NR
     const int64_t nv = std::min<int64_t>(NR, N - n0);
@@ -715,7 +715,7 @@ TS_TILE_FN void run_winners(const WinnersJob<T>& J) {
       const T* rows[MR];
       const bool whole = mv == MR && nv == NR;
       for (int i = 0; i < MR; ++i) {
-        rows[i] = J.a + std::min(m0 + i, M - 1) * K * E;  // rows past M: thresholds NaN, no hits
+        rows[i] = J.a + std::min(m0 + i, M - 1) * J.a_m;  // rows past M: thresholds NaN, no hits
         for (int j = 0; j < NV; ++j) {
           T* lists = block + (i * NV + j) * E * L;
           T* ids = block_ids + (i * NV + j) * E * L;
@@ -734,46 +734,52 @@ TS_TILE_FN void run_winners(const WinnersJob<T>& J) {
           t[i][j] = last == last ? max_keep(last, V{} + lowest) : last;  // NaN outside M × N: no hits
         }
       }
-      // The scan: per k, which vectors have a lane reaching t (one branch per k);
-      // each such (k, vector) is noted, without a branch per vector.
-      int64_t noted = 0;
-      for (int64_t k = 0; k < K; ++k) {
-        V b[NV];
-        _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) b[j] = load<V>(bp + k * NR + j * L);
-        uint32_t bits[MR * NV], any = 0;
-        _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
-          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
-            bits[i * NV + j] = lanes_where<kAtLeast>(MaxPlusKernel::term(rows[i][k * E], b[j]), t[i][j]);
-            any |= bits[i * NV + j];
+      // The scan, kSegment k-steps at a time (as TopKMergeKernel's filter): per
+      // step and tile vector one add and one compare, its lane mask stored, no
+      // branch; then per vector, its steps with a hit.
+      constexpr int kSegment = 32;
+      for (int64_t s0 = 0; s0 < K; s0 += kSegment) {
+        const int steps = int(std::min<int64_t>(kSegment, K - s0));
+        alignas(64) uint16_t masks[MR * NV][kSegment];
+        for (int s = 0; s < steps; ++s) {
+          const int64_t k = s0 + s;
+          V b[NV];
+          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) b[j] = load<V>(bp + k * NR + j * L);
+          _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+            _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j)
+              masks[i * NV + j][s] = uint16_t(lanes_where<kAtLeast>(MaxPlusKernel::term(rows[i][k * J.a_k], b[j]), t[i][j]));
           }
         }
-        if (any) {
-          _Pragma("GCC unroll 16") for (int h = 0; h < MR * NV; ++h) {
-            hits[noted] = int32_t(k * MR * NV + h);
-            noted += bits[h] != 0;
+        const uint32_t valid = steps == kSegment ? ~0u : (1u << steps) - 1;
+        // The hits: a vector's candidates, entry by entry while any lane reaches t.
+        for (int h = 0; h < MR * NV; ++h) {
+          const int i = h / NV, j = h % NV;
+          for (uint32_t bits = nonzero_words<V>(masks[h]) & valid; bits; bits &= bits - 1) {
+            const int64_t k = s0 + __builtin_ctz(bits);
+            const V bk = load<V>(bp + k * NR + j * L), tt = t[i][j];
+            V* lists = reinterpret_cast<V*>(block + h * E * L);
+            V* ids = reinterpret_cast<V*>(block_ids + h * E * L);
+            const T* a = rows[i] + k * J.a_k;
+            for (int64_t e = 0; e < E; ++e) {
+              const V x = MaxPlusKernel::term(a[e * J.a_c], bk);  // the kernel's term, bit for bit
+              if (e > 0 && !lanes_where<kAtLeast>(x, tt)) break;    // the lists descend
+              place_candidates(lists, ids, E, x >= tt ? x : V{} + nan, V{} + T(k * E + e));
+            }
           }
         }
       }
-      // The hits: a vector's candidates, entry by entry while any lane reaches t.
-      for (int64_t q = 0; q < noted; ++q) {
-        const int64_t k = hits[q] / (MR * NV);
-        const int h = int(hits[q] % (MR * NV)), i = h / NV, j = h % NV;
-        const V bk = load<V>(bp + k * NR + j * L), tt = t[i][j];
-        V* lists = reinterpret_cast<V*>(block + h * E * L);
-        V* ids = reinterpret_cast<V*>(block_ids + h * E * L);
-        const T* a = rows[i] + k * E;
-        for (int64_t e = 0; e < E; ++e) {
-          const V x = MaxPlusKernel::term(a[e], bk);  // the kernel's term, bit for bit
-          if (e > 0 && !lanes_where<kAtLeast>(x, tt)) break;  // the lists descend
-          place_candidates(lists, ids, E, x >= tt ? x : V{} + nan, V{} + T(k * E + e));
-        }
-      }
+      typedef int32_t Indices __attribute__((vector_size(L * sizeof(int32_t))));
       for (int64_t i = 0; i < mv; ++i)
         for (int j = 0; j < NV; ++j)
           for (int64_t s = 0; s < E; ++s) {
             const T* ids = block_ids + ((i * NV + j) * E + s) * L;
             int32_t* dst = J.idx + s * J.i_c + (m0 + i) * N + n0 + j * L;
-            for (int l = 0; l < L && j * L + l < nv; ++l) dst[l] = int32_t(ids[l]);
+            if (whole) {
+              const Indices whole_ids = __builtin_convertvector(load<V>(ids), Indices);
+              std::memcpy(dst, &whole_ids, sizeof(whole_ids));
+            } else {
+              for (int l = 0; l < L && j * L + l < nv; ++l) dst[l] = int32_t(ids[l]);
+            }
           }
     }
   }
@@ -1058,18 +1064,11 @@ bool launch_winners(Isa isa, const Tensor& a, const Tensor& w, const Tensor& bes
   const int64_t M = a.size(-2), K = a.size(-1), N = w.size(-1);
   auto run = pick_winners<T>(isa);
   WinnersJob<T> J;
-  const int64_t E = a.size(0), a_c = a.stride(0), a_m = a.stride(-2), a_k = a.stride(-1);
-  J.M = M, J.N = N, J.K = K, J.E = E;
+  J.M = M, J.N = N, J.K = K, J.E = a.size(0);
+  J.a_c = a.stride(0), J.a_m = a.stride(-2), J.a_k = a.stride(-1);
   J.b_c = best.stride(0), J.i_c = idx.stride(0);
-  thread_local std::vector<T> entry_innermost;
-  entry_innermost.resize(M * K * E);
   const bool ran = for_each_batch_entry(a, w, [&](int64_t e, int64_t a_offset, int64_t entry) {
-    const T* src = a.data_ptr<T>() + a_offset;
-    T* dst = entry_innermost.data();
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t k = 0; k < K; ++k)
-        for (int64_t c = 0; c < E; ++c) dst[(m * K + k) * E + c] = src[c * a_c + m * a_m + k * a_k];
-    J.a = dst;
+    J.a = a.data_ptr<T>() + a_offset;
     J.bpack = panels.entry(entry);
     if (!J.bpack) return false;
     J.best = best.data_ptr<T>() + e * M * N;
