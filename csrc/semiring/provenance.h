@@ -53,6 +53,7 @@ class ProvenanceSemiring final : public Semiring {
     return selection::tagged(selection::scores(v, E_), flat.unsqueeze(0) * E_ + entry);
   }
   Tensor tag_contributor(const Tensor& v, int64_t e, int64_t n) const override {
+    if (n == 1 && e == 0) return v;  // id·1 + 0: the only contributor keeps its ids (no copy)
     auto fast = kernels::tag_ids(v, E_, n, e);  // one pass (CPU)
     if (fast.defined()) return fast;
     auto ids = selection::tags(v, E_);
