@@ -123,6 +123,20 @@ def test_larger_problem_in_blocks(semiring, mask, monkeypatch):
 
 
 @pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+@pytest.mark.parametrize("mask", ["causal", "bool_row_masked", "float"])
+@pytest.mark.parametrize("block", [None, "400", "40"])
+def test_device_route_on_the_cpu(semiring, mask, block, monkeypatch):
+    # The route a GPU takes (TORCH_SEMIRING_ATTENTION_DEVICE_BLOCKS=1: the blocks from ATen pieces, many
+    # heads and query rows per block): 2 batches x 2 key/value heads, 2 query heads each, T = 5, S = 6,
+    # D = 3 (a query row of Δ is 36 elements). Blocks of all four heads at once (None), of two heads
+    # (400 elements), and of one head and one query row (40: the causal blocks' key cut).
+    monkeypatch.setenv("TORCH_SEMIRING_ATTENTION_DEVICE_BLOCKS", "1")
+    if block:
+        monkeypatch.setenv("TORCH_SEMIRING_ATTENTION_BLOCK", block)
+    check(semiring, *attention_case(2, 2, 2, 5, 6, 3, mask=mask, seed=13))
+
+
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
 @pytest.mark.parametrize("mask", ["causal", "bool_row_masked", "per_head"])
 @pytest.mark.parametrize("chunk", ["1", "130", "190"])
 def test_heads_taken_in_chunks(semiring, mask, chunk, monkeypatch):
