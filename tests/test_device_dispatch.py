@@ -116,3 +116,36 @@ def test_outside_the_device_path(emulated):
     sr.matmul(g.double(), torch.randn(4, 2, dtype=torch.float64))
     sr.matmul(g, torch.tensor([[math.inf, 1.0]] * 4))
     assert _C.device_kernel_calls() == before
+
+
+# The glue's range checks (one host read per product): values or weights outside what the kernel
+# computes exactly go to the generic path, and the values are the CPU path's either way.
+OUT_OF_RANGE = {
+    "nan_value": lambda v, w: v.__setitem__((0, 0, 1, 2), math.nan),
+    "posinf_value": lambda v, w: v.__setitem__((0, 0, 1, 2), math.inf),
+    "negative_value": lambda v, w: v.__setitem__((0, 0, 1, 2), -0.5),
+    "nan_weight": lambda v, w: w.__setitem__((3, 1), math.nan),
+    "posinf_weight": lambda v, w: w.__setitem__((3, 1), math.inf),
+    "neginf_weight": lambda v, w: w.__setitem__((3, 1), -math.inf),
+    "infinite_entropy_h": lambda v, w: v.__setitem__((1, 0, 1, 2), math.inf),
+}
+
+
+@pytest.mark.parametrize("name,case", [(n, c) for n in ["viterbi", "max_abs", "kmax", "log", "entropy"]
+                                       for c in sorted(OUT_OF_RANGE) if c != "infinite_entropy_h" or n == "entropy"])
+def test_products_outside_the_kernels_range_take_the_generic_path(name, case, emulated, monkeypatch):
+    sr = _C.make_semiring(name, 3 if name == "kmax" else 1)
+    g = torch.Generator().manual_seed(17)
+    value = torch.randn(sr.components, 2, 4, 9, generator=g, dtype=F32)
+    if name == "max_abs":
+        value = value.abs()
+    if name == "kmax":
+        value = value.sort(0, descending=True).values
+    w = _weights(9, 6, seed=18)
+    OUT_OF_RANGE[case](value, w)
+    in_range = case == "negative_value" and name != "max_abs"  # only max_abs's |g| must be ≥ 0
+    before = _C.device_kernel_calls()
+    got = sr.matmul(value, w)
+    assert _C.device_kernel_calls() == before + (1 if in_range else 0), case
+    monkeypatch.delenv("TORCH_SEMIRING_KERNEL_BACKEND")
+    _close(got, sr.matmul(value, w), f"{name}/{case}")

@@ -140,6 +140,23 @@ bool any_of(std::initializer_list<Tensor> flags) {
   return at::stack(each).any().item<bool>();
 }
 
+// (min, max) of each tensor, in one host read: a kernel per tensor (aminmax,
+// which propagates NaN) instead of a chain of element-wise tests and
+// reductions per condition — on a GPU each is a launch, at every product.
+std::vector<double> ranges(std::initializer_list<Tensor> tensors) {
+  std::vector<Tensor> each;
+  for (const auto& t : tensors) {
+    auto [lo, hi] = at::aminmax(t);
+    each.push_back(lo.to(at::kFloat)), each.push_back(hi.to(at::kFloat));
+  }
+  auto host = at::stack(each).to(at::kCPU, at::kDouble);
+  return std::vector<double>(host.data_ptr<double>(), host.data_ptr<double>() + host.numel());
+}
+
+// Comparisons with NaN are false, so a NaN bound fails every test below.
+bool below_inf(double hi) { return hi < std::numeric_limits<double>::infinity(); }
+bool finite_range(double lo, double hi) { return lo > -std::numeric_limits<double>::infinity() && below_inf(hi); }
+
 // out (C, B, M, N) = the max-semiring product `op` of f.g with the weights
 // lifted by `lift_mode` (0 log|w|, 1 |w|, 2 w with zeros marked), argmax into
 // idx (B, M, N) when given.
@@ -171,11 +188,9 @@ bool routes(const Tensor& g, const Tensor& w) {
 Tensor max_matmul(bool times, const Tensor& g, const Tensor& w, Tensor* argmax) {
   Flat f;
   if (!routes(g, w) || g.size(0) != 1 || !flatten(g, w, f)) return {};
-  const double inf = std::numeric_limits<double>::infinity();
   // As the CPU kernel: no NaN or +∞ in g (max_abs: g ≥ 0), finite weights.
-  if (any_of({at::isnan(f.g), f.g == inf, times ? f.g < 0 : at::zeros({1}, f.g.options().dtype(at::kBool)),
-              at::isfinite(f.w).logical_not()}))
-    return {};
+  const auto r = ranges({f.g, f.w});
+  if (!below_inf(r[1]) || (times && !(r[0] >= 0)) || !finite_range(r[2], r[3])) return {};
   Tensor idx = argmax ? at::empty({f.B, f.M, f.N}, g.options().dtype(at::kInt)) : Tensor();
   auto out = run_max_gemm(g, f, times ? TS_OP_MAX_TIMES : TS_OP_MAX_PLUS, times ? 1 : 0, 1,
                           argmax ? idx.data_ptr<int32_t>() : nullptr);
@@ -187,9 +202,9 @@ Tensor kmax_matmul(const Tensor& g, const Tensor& w, int64_t k) {
   if (k == 1) return max_matmul(false, g, w);
   Flat f;
   if (k < 2 || k > 8 || !routes(g, w) || g.size(0) != k || !flatten(g, w, f)) return {};
-  const double inf = std::numeric_limits<double>::infinity();
   // As the CPU kernel: no NaN or +∞ among the scores, finite weights.
-  if (any_of({at::isnan(f.g), f.g == inf, at::isfinite(f.w).logical_not()})) return {};
+  const auto r = ranges({f.g, f.w});
+  if (!below_inf(r[1]) || !finite_range(r[2], r[3])) return {};
   return run_max_gemm(g, f, int(TS_OP_KMAX + k), 0, k, nullptr);
 }
 
@@ -214,13 +229,9 @@ Tensor exp_shift_matmul(bool entropy, const Tensor& g, const Tensor& w) {
   // ts_exp_shift_matmul to call, so CUDA tensors take the generic path.
   if (g.device().is_cuda()) return {};
 #endif
-  const double inf = std::numeric_limits<double>::infinity();
-  auto l = f.g.select(0, 0);
   // ℓ: finite or −∞ (no path); h finite; finite weights.
-  if (any_of({at::isnan(l), l == inf, entropy ? at::isfinite(f.g.select(0, 1)).logical_not()
-                                              : at::zeros({1}, l.options().dtype(at::kBool)),
-              at::isfinite(f.w).logical_not()}))
-    return {};
+  const auto r = entropy ? ranges({f.g.select(0, 0), f.w, f.g.select(0, 1)}) : ranges({f.g.select(0, 0), f.w});
+  if (!below_inf(r[1]) || !finite_range(r[2], r[3]) || (entropy && !finite_range(r[4], r[5]))) return {};
   // The kernels read ℓ and h with the same strides: one contiguous block each.
   auto a = f.g.contiguous();
   const Backend backend(g);
