@@ -18,6 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import torch_semiring as ts
 from torch_semiring import _C, _build_info
 from helpers import node_types
+from test_overflow import linear_chain, matmul_chain, zero_edges
 from reference import SEMIRING_NAMES
 from zoo_models import CASES, build, forward, readout
 
@@ -49,6 +50,15 @@ def _values(out, x, semirings):
     return dict(zip(semirings, ts.grad(out, x, semiring=tuple(semirings), k=K, retain_graph=True)))
 
 
+# Nodes that a CUDA graph holds where the CPU's holds another for the same op and saved fields
+# (cuDNN's batch norm: the native batch-norm rule over its saved fields).
+CPU_NODE_OF = {"CudnnBatchNormBackward0": "NativeBatchNormBackward0"}
+
+
+def _same_nodes(names):
+    return {CPU_NODE_OF.get(n, n) for n in names}
+
+
 @pytest.mark.parametrize("name,attn", CASES, ids=[f"{n}-{a}" for n, a in CASES])
 def test_zoo_model_on_the_gpu_equals_the_cpu(name, attn):
     # The same graph on both devices: SDPA by its math backend, which both have (the fused
@@ -64,7 +74,7 @@ def test_zoo_model_on_the_gpu_equals_the_cpu(name, attn):
         model = model.cuda()
         x, hidden = forward(model, name)
         out = readout(hidden)
-    assert node_types(out) == node_types(out_cpu), f"{name}-{attn}: the devices' graphs differ"
+    assert _same_nodes(node_types(out)) == node_types(out_cpu), f"{name}-{attn}: the devices' graphs differ"
     before = _C.device_kernel_calls()
     got = _values(out, x, SEMIRING_NAMES)
     if _build_info.CUDA_KERNELS and any("mm" in n.lower() for n in node_types(out)):
@@ -98,11 +108,42 @@ def test_fused_cuda_attention_equals_the_cpu_node(backend, dtype, mask):
         assert len(attention) == 1, f"{device}: {names}"
         names = attention
         results[device] = (names, _values((out * probe.to(device, dtype)).sum(), leaves, SEMIRING_NAMES))
+        if device == "cuda":  # the CUDA node's saved output and logsumexp (in its kernel's layout)
+            node = _attention_node(out.grad_fn)
+            saved = node._saved_output, getattr(node, "_saved_log_sumexp", None)
+            saved = saved if saved[1] is not None else (saved[0], node._saved_logsumexp)
     rtol = 2e-3 if dtype == torch.float32 else 5e-2
+    # The same fields on the CPU, through a stand-in of the CUDA node: the rule's values must not depend on
+    # the device. count (whether a weight is exactly 0) is compared only here: which derivatives are exact
+    # zeros depends on each device's forward rounding (causal: the first query's output is exactly its value
+    # on the CPU, Δ = 0, and off by an ulp on CUDA's memory-efficient kernel: 30 more edges of k).
+    leaves = [t.to("cpu", dtype).requires_grad_() for t in (q, k, v)]
+    standin = _C.attention_node_standin(backend.split("_")[0].lower(), *leaves, saved[0].detach().cpu(),
+                                        saved[1].detach().cpu(), None if bias is None else bias.to(dtype),
+                                        mask == "causal")
+    # (real is the node's own backward, a CUDA kernel: no stand-in on the CPU.)
+    on_cpu = _values((standin * probe.to(dtype)).sum(), leaves, [s for s in SEMIRING_NAMES if s != "real"])
     for semiring in SEMIRING_NAMES:
         for i, name in enumerate("qkv"):
-            got, expected = results["cuda"][1][semiring][i], results["cpu"][1][semiring][i]
-            _close(got, expected, f"{results['cuda'][0]}/{semiring}/{name}", rtol=rtol)
+            got = results["cuda"][1][semiring][i]
+            if semiring != "real":
+                _close(got, on_cpu[semiring][i], f"{results['cuda'][0]}/{semiring}/{name} (stand-in)", rtol=rtol)
+            if semiring != "count":
+                _close(got, results["cpu"][1][semiring][i], f"{results['cuda'][0]}/{semiring}/{name}", rtol=rtol)
+
+
+def _attention_node(fn):
+    """The fused attention node at or behind fn (CUDA may put layout copies in front of it)."""
+    seen, stack = set(), [fn]
+    while stack:
+        f = stack.pop()
+        if f is None or id(f) in seen:
+            continue
+        if "Attention" in f.name():
+            return f
+        seen.add(id(f))
+        stack.extend(n for n, _ in f.next_functions)
+    raise AssertionError("no attention node")
 
 
 def _graphs(device, dtype):
@@ -151,17 +192,40 @@ def test_top_paths_on_the_gpu_equal_the_cpu(semiring, k):
 
 def test_bfloat16_decoder_runs_every_semiring_on_the_gpu():
     # bf16 graphs (the GPU's working precision): every semiring runs, and its values are those of
-    # the float32 graph to bf16 rounding (8 bits; measured on the CPU: ≤ 3 % of the largest value, count the worst).
-    model = build("llama", "sdpa").cuda()
-    x32, h32 = forward(model, "llama")
-    expected = _values(readout(h32), x32, SEMIRING_NAMES)
-    model = model.to(torch.bfloat16)
-    x, hidden = forward(model, "llama", dtype=torch.bfloat16)
-    got = _values(readout(hidden), x, SEMIRING_NAMES)
+    # the float32 graph to bf16 rounding (8 bits; measured on the CPU: ≤ 0.5 % of the largest value).
+    # Both graphs take SDPA's math backend: by default CUDA runs grouped-query float32 attention by the
+    # math fallback (decomposed: softmax, matmuls) and bf16 by the cuDNN node (one node, its inner
+    # paths summed in the reals), and count / abs of the two graphs then differ by design (on the H100:
+    # count off by 93 %), not by rounding.
+    with sdpa_kernel(SDPBackend.MATH):
+        model = build("llama", "sdpa").cuda()
+        x32, h32 = forward(model, "llama")
+        expected = _values(readout(h32), x32, SEMIRING_NAMES)
+        model = model.to(torch.bfloat16)
+        x, hidden = forward(model, "llama", dtype=torch.bfloat16)
+        got = _values(readout(hidden), x, SEMIRING_NAMES)
     for semiring in SEMIRING_NAMES:
         (g,), (e,) = got[semiring], expected[semiring]
-        assert g.dtype == torch.bfloat16 and g.device.type == "cuda", semiring
+        # (values travel in float32 outside real on reduced-precision graphs: README "GPUs")
+        assert g.dtype == (torch.bfloat16 if semiring == "real" else torch.float32), (semiring, g.dtype)
+        assert g.device.type == "cuda", semiring
         finite = torch.isfinite(e)
         assert torch.equal(finite, torch.isfinite(g)), semiring
         err = (g.float() - e.float())[finite].abs().max().item()
-        assert err <= 0.1 * max(e[finite].abs().max().item(), 1.0), f"{semiring}: off by {err}"
+        assert err <= 0.05 * max(e[finite].abs().max().item(), 1.0), f"{semiring}: off by {err}"
+
+
+OVERFLOWING = [(matmul_chain, "count"), (matmul_chain, "abs"), (linear_chain, "count"), (linear_chain, "abs"),
+               (zero_edges, "abs"), (zero_edges, "max_abs")]  # the float32 cases whose values reach +inf
+
+
+@pytest.mark.parametrize("graph,semiring", OVERFLOWING, ids=[f"{g.__name__}-{s}" for g, s in OVERFLOWING])
+def test_overflowed_values_on_the_gpu_equal_the_cpu(graph, semiring):
+    # float32 values that overflow to +inf (tests/test_overflow.py): on a device each node's values
+    # are checked for +inf with one host read, and the +inf split runs only where one is found.
+    expected = ts.grad(*graph(torch.float32), semiring=semiring)[0]
+    with torch.device("cuda"):
+        out, x = graph(torch.float32)
+    got = ts.grad(out, x, semiring=semiring)[0]
+    assert expected.isinf().any(), f"{graph.__name__}: nothing overflowed"
+    _close(got, expected, f"{graph.__name__}/{semiring}", rtol=2e-3)

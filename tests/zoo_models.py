@@ -104,17 +104,25 @@ def build(name: str, attn: str, dtype=torch.float32, **overrides):
     return model
 
 
+def _randn(*shape, generator, dtype):
+    """torch.randn drawn in float32 (float64 for float64) and cast: a reduced-precision draw gives other
+    numbers on some torch versions (2.11 draws bf16 by a vectorised path of its own), and the GPU tests
+    compare a bf16 graph with the float32 one on the same inputs."""
+    base = torch.float64 if dtype == torch.float64 else torch.float32
+    return torch.randn(*shape, generator=generator, dtype=base).to(dtype)
+
+
 def forward(model, name: str, dtype=torch.float32, tokens: int = 5):
     """(differentiable input, first output) of one forward pass, on the model's device (the same
     numbers on every device: the inputs are drawn on the CPU)."""
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(1)
     if name in IMAGE_MODELS:
-        x = torch.randn(1, 3, 8, 8, generator=g, dtype=dtype).to(device).requires_grad_()
+        x = _randn(1, 3, 8, 8, generator=g, dtype=dtype).to(device).requires_grad_()
         return x, model(pixel_values=x)[0]
     decoder_ids = torch.tensor([[0, 3, 5]], device=device)
     if name == "whisper":  # 2 · max_source_positions frames of num_mel_bins features
-        x = torch.randn(1, 4, 8, generator=g, dtype=dtype).to(device).requires_grad_()
+        x = _randn(1, 4, 8, generator=g, dtype=dtype).to(device).requires_grad_()
         return x, model(input_features=x, decoder_input_ids=decoder_ids)[0]
     ids = torch.tensor([[1, 5, 7, 2, 9, 4][:tokens]], device=device)
     x = model.get_input_embeddings()(ids).detach().requires_grad_()
@@ -126,5 +134,5 @@ def forward(model, name: str, dtype=torch.float32, tokens: int = 5):
 
 def readout(hidden: torch.Tensor) -> torch.Tensor:
     """A fixed random linear readout: a scalar that every output element feeds."""
-    probe = torch.randn(hidden.shape, generator=torch.Generator().manual_seed(2), dtype=hidden.dtype)
+    probe = _randn(*hidden.shape, generator=torch.Generator().manual_seed(2), dtype=hidden.dtype)
     return (hidden * probe.to(hidden.device)).sum()

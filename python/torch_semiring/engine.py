@@ -235,8 +235,9 @@ def grad(
 
     Returns:
         A tuple with one tensor per input, shaped like the input (``kmax``:
-        ``(*input.shape, k)``), of the input's dtype (log-space semirings on
-        float16/bfloat16 graphs: float32). For a tuple of semirings, one such
+        ``(*input.shape, k)``), of the input's dtype (on float16/bfloat16
+        graphs every semiring but ``real`` gives float32: counts, sums and
+        log-space scores would keep 8 bits). For a tuple of semirings, one such
         tuple per semiring, in order.
 
     Raises:
