@@ -214,7 +214,9 @@ bool may_hold_infinite(const std::vector<at::Tensor>& values, const SplitCompone
       return true;
     }
   }
-  return !device_maxima.empty() && at::stack(device_maxima).max().item<double>() == inf;
+  if (device_maxima.empty()) return false;
+  const auto top = device_maxima.size() == 1 ? device_maxima[0] : at::stack(device_maxima).max();  // launches
+  return top.item<double>() == inf;
 }
 
 // A rule is ⊕-linear in its values, and in these semirings g = f ⊕ ∞·[g = ∞]
