@@ -4,6 +4,8 @@
 #   benchmarks/gpu.sh                 (PYTHON=python-with-CUDA-torch, default python3; LOG_DIR, default $OUT
 #                                      on the device machine, else build/gpu)
 #
+# PREBUILT=DIR: copy the extension built by benchmarks/gpu_prebuild.sh on the development machine instead of
+# building it here (step 1 is then skipped; carry DIR to the GPU machine).
 # Steps (each logged to LOG_DIR/<step>.log, timed; a failing step does not stop the later ones,
 # the script's exit status is the number of failed steps; STEPS="build device_tests" runs a subset):
 #   1. builds the extension in place with the CUDA kernels (setup.py: CUDA torch + nvcc → TS_WITH_CUDA_KERNELS,
@@ -46,7 +48,11 @@ want() { [[ " $STEPS " == *" $1 "* ]]; }
 # The extension builds against the torch there (csrc/engine/node_compat.h: 2.11 and 2.12 hold autograd nodes
 # by shared_ptr, 2.13 on by intrusive_ptr); steps 3 and 5 need it.
 WITH_EXTENSION=0
-if want build; then
+if [ -n "${PREBUILT:-}" ]; then  # made on the development machine by benchmarks/gpu_prebuild.sh
+  cp "$PREBUILT"/_C*.so "$PREBUILT"/_preload*.so "$PREBUILT"/_build_info.py python/torch_semiring/
+  "$PY" -c "from torch_semiring import _build_info as b; print('prebuilt for', b.TORCH_VERSION, 'CUDA kernels:', b.CUDA_KERNELS)" \
+    && WITH_EXTENSION=1
+elif want build; then
   step build env MAX_JOBS=$(nproc) "$PY" setup.py -q build_ext --inplace
   "$PY" -c "from torch_semiring import _build_info as b; print('built for', b.TORCH_VERSION, 'CUDA kernels:', b.CUDA_KERNELS)" \
     && WITH_EXTENSION=1
