@@ -111,12 +111,13 @@ int64_t chunk_elements(bool on_cpu) {
                 : int64_t(1) << 24;  // 64 MiB: on a device each chunk costs launches, not cache misses
 }
 
-// On a device (or with TORCH_SEMIRING_ATTENTION_DEVICE_BLOCKS=1, which tests
-// use to run the device's route on the CPU: by parts, in this layout) the by-parts blocks take every head and
-// query row at once, up to this many elements of Δ (and of W, J): each block
-// is a dozen kernel launches and, for the max semirings' products, a host read
-// (one head and a cache-sized block of rows at a time cost 1 250 launches and
-// 66 host reads per node of a 4 × 512 decoder on an H100).
+// On a device the by-parts blocks take every head and query row at once, up
+// to this many elements of Δ (and of W, J): each block is a dozen kernel
+// launches and, for the max semirings' products, a host read (one head and a
+// cache-sized block of rows at a time cost 1 250 launches and 66 host reads
+// per node of a 4 × 512 decoder on an H100).
+// TORCH_SEMIRING_ATTENTION_DEVICE_BLOCKS=1 takes the device's route on the
+// CPU (by parts, in this layout): how the tests run it without a GPU.
 int64_t device_block_elements() {
   if (const char* forced = std::getenv("TORCH_SEMIRING_ATTENTION_BLOCK")) return std::max<int64_t>(1, std::atoll(forced));
   return int64_t(1) << 24;  // 64 MiB of float32 (each of Δ, W and J)
