@@ -299,7 +299,7 @@ def paths_value(base, k, shape, gen, dtype):
     return with_ids(x.to(dtype), gen)
 
 
-@pytest.mark.parametrize("base,k", [("viterbi", 1), ("max_abs", 1), ("max_prod", 1), ("kmax", 3), ("kmax", 5)])
+@pytest.mark.parametrize("base,k", [("viterbi", 1), ("max_abs", 1), ("max_prod", 1)] + [("kmax", k) for k in range(1, 11)])
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_paths_matmul_ids(base, k, dtype, isa):
     """The kernels' winners turned into ids (one pass) equal the generic block product's, broadcast batches too."""
@@ -318,6 +318,25 @@ def test_paths_matmul_ids(base, k, dtype, isa):
             path = got[:1].isfinite().expand(2, *got.shape[1:])
         assert torch.equal(got[E:][path], ref[E:][path]), (base, gb, wb)
         assert (got[E:][~path] == -1).all()
+
+
+@pytest.mark.parametrize("base,k", [("viterbi", 1), ("max_prod", 1), ("kmax", 4), ("kmax", 9)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(1,), (37,), (3, 64), (5, 7, 11)])
+def test_with_origin_ids(base, k, dtype, shape):
+    """The recorder's re-seeded ids: element o's entry e gets (first + o)·E + e, scores untouched."""
+    sr = _C.make_provenance(base, k)
+    gen = torch.Generator().manual_seed(len(shape) + k)
+    v = paths_value(base, k, shape, gen, dtype)
+    E = v.size(0) // 2
+    v = v.transpose(-1, -2) if len(shape) > 1 else v  # non-contiguous in, contiguous ids out
+    for first in (0, 3, 1000):
+        got = sr.with_origin(v, first)
+        n = math.prod(shape)
+        want = (first + torch.arange(n, dtype=torch.float64)).view(v.shape[1:]) * E
+        want = want.unsqueeze(0) + torch.arange(E, dtype=torch.float64).view(E, *([1] * len(shape)))
+        assert torch.equal(got[:E], v[:E])
+        assert torch.equal(got[E:], want.to(dtype)), (first, shape)
 
 
 @pytest.mark.parametrize("base,k", [("viterbi", 1), ("max_abs", 1), ("kmax", 4)])

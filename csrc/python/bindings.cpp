@@ -254,6 +254,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         return s.Semiring::norm_offdiagonal(a, x);
       }, py::arg("a"), py::arg("x"))
       .def("readout", &Semiring::readout)
+      // The path recorder's re-seeding of ids (provenance.h), for the tests of its one-pass kernel.
+      .def("with_origin", &Semiring::with_origin, py::arg("value"), py::arg("first"))
       .def("parts", [](const Semiring& s) {
         std::vector<std::shared_ptr<Semiring>> out;
         for (auto& p : product_parts(s)) out.push_back(std::const_pointer_cast<Semiring>(p));
