@@ -3,10 +3,11 @@
 For each semiring with a row kernel and each row length, the time of
 `Semiring.norm_offdiagonal(a, x)` on 64 rows (float32, as in a float32 model;
 x a layer-normalised row, a random semiring value), per row, with the direct
-passes (TORCH_SEMIRING_NORM_PASS=direct) and with the sorted sums / envelopes /
-pruned merge (=sorted), alternated, best of `--repeats` medians. What the
-cut-offs in norm_rows.cpp (kDirectMax, kDirectMaxTopK) are chosen from. One
-thread. A benchmark, not a test.
+passes (TORCH_SEMIRING_NORM_PASS=direct), with the sorted sums / envelopes /
+pruned merge (=sorted) and with the default choice (=auto: by row length, and
+count's float rows by their totals), alternated, best of `--repeats` medians.
+What the cut-offs in norm_rows.cpp (kDirectMax, kDirectMaxTopK) are chosen
+from. One thread. A benchmark, not a test.
 
     PYTHONPATH=python python benchmarks/norm_rows.py [--n 384,768,1024] [--semirings abs,kmax] [--repeats 5]
 """
@@ -56,7 +57,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     print(one_thread_header(f"µs per row of {ROWS} (float32), best of {args.repeats} medians"))
-    print(f"{'semiring':10s} {'N':>5s} {'direct':>9s} {'sorted':>9s}")
+    # auto: the default choice (by row length; count's float rows by their totals, norm_rows.cpp count_by_totals)
+    print(f"{'semiring':10s} {'N':>5s} {'direct':>9s} {'sorted':>9s} {'auto':>9s}")
     for name in args.semirings.split(","):
         sr = _C.make_semiring(name, 4 if name == "kmax" else 1)
         for n in (int(v) for v in args.n.split(",")):
@@ -64,11 +66,11 @@ def main() -> int:
             x = F.layer_norm(torch.randn(ROWS, n, generator=g, dtype=torch.float64), (n,)).float()
             a = value(sr, (ROWS, n), g)
             calls = max(3, int(2e5 / (n * n) * 8))
-            best = {"direct": float("inf"), "sorted": float("inf")}
+            best = {"direct": float("inf"), "sorted": float("inf"), "auto": float("inf")}
             for _ in range(args.repeats):
                 for scheme in best:
                     best[scheme] = min(best[scheme], per_row_us(sr, a, x, scheme, calls))
-            print(f"{name:10s} {n:5d} {best['direct']:9.1f} {best['sorted']:9.1f}", flush=True)
+            print(f"{name:10s} {n:5d} {best['direct']:9.1f} {best['sorted']:9.1f} {best['auto']:9.1f}", flush=True)
     os.environ.pop("TORCH_SEMIRING_NORM_PASS", None)
     return 0
 

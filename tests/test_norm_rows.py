@@ -177,6 +177,28 @@ def test_float32_pair_pass_every_instruction_set(semiring, kind, isa, monkeypatc
                                    msg=lambda m: f"{semiring}/{kind}/{isa}/spread {spread}: {m}")
 
 
+@pytest.mark.parametrize("kind", ROW_KINDS)
+@pytest.mark.parametrize("N", [1, 2, 3, 10, 97, 384])
+def test_count_float_rows_by_totals(kind, N, monkeypatch):
+    """count's float rows without a pair pass (the default scheme): each output is the row's total but its own
+    weight, except where x_i·x_j = −1 exactly — only for ±powers of two, which the zero_weights rows hold.
+    Integer counts, so every summation order gives the same numbers: compared exactly. Overflowed (+∞)
+    counts, which the block version cannot take (∞·0), against the pair pass."""
+    monkeypatch.delenv("TORCH_SEMIRING_NORM_PASS", raising=False)
+    sr = make("count")
+    g = torch.Generator().manual_seed(zlib.crc32(f"count-totals/{kind}/{N}".encode()))
+    x = rows_of(kind, 4, N, g).float().double()
+    if kind == "zero_weights" and N >= 10:
+        x[3, -2:] = torch.tensor([0.25, -4.0], dtype=D)  # a pair far apart in the row
+    a = torch.randint(0, 4, (1, 4, N), generator=g).to(D)
+    got = sr.norm_offdiagonal(a.float(), x.float()).double()
+    assert torch.equal(got, sr.generic_norm_offdiagonal(a, x)), (kind, N)
+    a[0, 2, ::4] = math.inf  # +∞ wherever an edge leads from them
+    got = sr.norm_offdiagonal(a.float(), x.float())
+    monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", "direct")
+    assert torch.equal(got, sr.norm_offdiagonal(a.float(), x.float())), (kind, N)
+
+
 def test_norm_pass_setting_is_checked(monkeypatch):
     monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", "fast")
     x = torch.randn(2, 5, dtype=D)
