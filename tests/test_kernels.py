@@ -370,3 +370,29 @@ def test_kmax_segments(k, dtype, isa):
             out = _C.kernel_matmul("kmax", g1, w1)
             assert torch.equal(out, kmax_reference_same_dtype(g1, w1)), (K, "short lists")
             assert (out[K:] == -INF).all() and out[:K].isfinite().all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("zeros", ["none", "some columns", "most columns", "a batch entry"])
+def test_count_matmul_by_row_sums(dtype, zeros):
+    """count's product: columns of w without a zero take g's row sums, the others a GEMM (all of them once
+    more than a quarter hold one). Integer counts, so every order of summation gives the same numbers: compared
+    exactly with the GEMM of the lifted weight, over every shape above (broadcast batches too)."""
+    sr = _C.make_semiring("count", 1)
+    gen = torch.Generator().manual_seed(len(zeros))
+    for gb, wb, M, K, N in SHAPES:
+        g = torch.randint(0, 5, (1, *gb, M, K), generator=gen).to(dtype)
+        g[..., 0, :] = 0  # a row without paths: 0 exactly
+        w = torch.randn(*wb, K, N, generator=gen, dtype=dtype)
+        if zeros == "some columns":
+            w[..., ::3, N // 2] = 0
+        elif zeros == "most columns":
+            w[..., K // 2, :] = 0
+            w[..., :, 0] = 0
+        elif zeros == "a batch entry" and len(wb) > 0:
+            w[0, :, -1] = 0  # a column with a zero in one entry of the batch only
+        want = torch.matmul(g, (w != 0).to(dtype))
+        got = sr.matmul(g, w)
+        assert got.shape == want.shape and got.is_contiguous()
+        assert torch.equal(got, want), (zeros, gb, wb, M, K, N)
+        assert torch.equal(sr.matmul(g, w.transpose(-1, -2).contiguous().transpose(-1, -2)), want)  # strided w
