@@ -143,6 +143,8 @@ def test_products_outside_the_kernels_range_take_the_generic_path(name, case, em
         value = value.sort(0, descending=True).values
     w = _weights(9, 6, seed=18)
     OUT_OF_RANGE[case](value, w)
+    if name == "kmax" and case == "negative_value":
+        value = value.sort(0, descending=True).values  # still a kmax value: every list descends
     in_range = case == "negative_value" and name != "max_abs"  # only max_abs's |g| must be ≥ 0
     before = _C.device_kernel_calls()
     got = sr.matmul(value, w)
