@@ -31,8 +31,9 @@
 // SGEMM's FMA — and the kernels with more maxes per term (max_prod, kmax)
 // move what they can to blends. Per term and vector: max-plus / max-times
 // 2 ops (0.5 cycle on the 4 pipes), max_prod 6 (1.5); kmax(4) a filter of
-// 2 ops plus, for the ~20 % of vector-steps where a list can change, a
-// merge of 16 (see TopKMergeKernel::run_tile). On an Intel core (Sapphire
+// 2 ops plus, for the vector-steps where a list can change (~17 % of a
+// 512-deep product of real lists, 3 % of a 1376-deep one, with the lists
+// warm-started: see kWarmPicks), a merge of 16 (see TopKMergeKernel::run_tile). On an Intel core (Sapphire
 // Rapids) 512-bit FP ops issue on two ports only, so each op costs twice
 // that (max-plus 1 cycle a vector: ≥ 2× an SGEMM's time at best).
 // Measured at 64 tokens on the Llama shapes with a cached weight (1 thread,
@@ -580,7 +581,8 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
   // step and vector; the tile now branches once per vector and segment and
   // per hit of the loop over set bits, and the merges of different vectors
   // overlap. Hits: ~20–25 % of the vector-steps of a 384-deep product of
-  // random lists, fewer as K grows; per vector-step ≈ the filter's 2 ops +
+  // random lists from −∞, fewer as K grows and fewer from the warm start
+  // (run_job, kWarmPicks); per vector-step ≈ the filter's 2 ops +
   // that share of the merge's ops (KP = E = 4: 4 adds + 12 max/min/blend).
   static constexpr int kSegment = 32;  // bits of a uint32_t
   template <class T, class V, int MR, int NV, int PACKED>
