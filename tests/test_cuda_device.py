@@ -75,10 +75,12 @@ def test_zoo_model_on_the_gpu_equals_the_cpu(name, attn):
         x, hidden = forward(model, name)
         out = readout(hidden)
     assert _same_nodes(node_types(out)) == node_types(out_cpu), f"{name}-{attn}: the devices' graphs differ"
-    before = _C.device_kernel_calls()
+    before, before_elementwise = _C.device_kernel_calls(), _C.device_elementwise_calls()
     got = _values(out, x, SEMIRING_NAMES)
     if _build_info.CUDA_KERNELS and any("mm" in n.lower() for n in node_types(out)):
         assert _C.device_kernel_calls() > before, f"{name}-{attn}: no product reached the CUDA kernels"
+    if _build_info.CUDA_KERNELS:
+        assert _C.device_elementwise_calls() > before_elementwise, f"{name}-{attn}: no fused element-wise kernel ran"
     for semiring in SEMIRING_NAMES:
         (g,), (e,) = got[semiring], expected[semiring]
         _close(g, e, f"{name}-{attn}/{semiring}", rtol=2e-3)
@@ -229,3 +231,33 @@ def test_overflowed_values_on_the_gpu_equal_the_cpu(graph, semiring):
     got = ts.grad(out, x, semiring=semiring)[0]
     assert expected.isinf().any(), f"{graph.__name__}: nothing overflowed"
     _close(got, expected, f"{graph.__name__}/{semiring}", rtol=2e-3)
+
+
+# The fused element-wise ops (⊗ edge, ⊕: kernels/cuda/elementwise_block.h) on CUDA tensors against the
+# CPU's vectorised loops on the same values: special values, broadcasting, strides, both dtypes.
+FUSED = [("log", 1), ("viterbi", 1), ("entropy", 1), ("max_prod", 1), ("kmax", 3), ("kmax", 8), ("abs", 1),
+         ("max_abs", 1), ("count", 1)]
+
+
+@pytest.mark.skipif(not _build_info.CUDA_KERNELS, reason="a build without the CUDA kernels")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("semiring,k", FUSED, ids=[f"{n}{k}" for n, k in FUSED])
+def test_fused_elementwise_kernels_on_the_gpu_equal_the_cpu(semiring, k, dtype):
+    from test_elementwise import BROADCASTS, value, weights
+    sr = _C.make_semiring(semiring, k)
+    gen = torch.Generator().manual_seed(k)
+    for a_shape, w_shape in BROADCASTS:
+        a, w = value(sr, a_shape, dtype, gen), weights(w_shape, dtype, gen)
+        b = value(sr, w_shape if w_shape else (1,), dtype, gen)
+        cases = [("⊗ edge", sr.otimes_edge, a, w)]
+        if w.dim() != 1:  # strided operands
+            cases.append(("⊗ edge, transposed", sr.otimes_edge, a.transpose(-1, -2), w.mT if w.dim() else w))
+        if semiring in ("entropy", "max_prod", "kmax"):  # the others' ⊕ is one ATen op already
+            cases.append(("⊕", sr.oplus, a, b))
+        for what, fn, *args in cases:
+            expected = fn(*args)
+            before = _C.device_elementwise_calls()
+            got = fn(*[t.cuda() for t in args])
+            assert _C.device_elementwise_calls() == before + 1, f"{semiring} {what}: not the CUDA kernel"
+            _close(got, expected, f"{semiring}{k} {what} {a_shape}x{w_shape}",
+                   rtol=4e-6 if dtype == torch.float32 else 1e-12)

@@ -128,3 +128,92 @@ def test_declines_where_it_must():
     leaf = torch.randn(2, 5, dtype=torch.float64, requires_grad=True)
     with torch.enable_grad():
         assert sr.otimes_edge(leaf, torch.randn(5, dtype=torch.float64)).requires_grad
+
+
+# ---- the same ops as CUDA kernels (kernels/cuda/elementwise_block.h): their block code run by the host
+# emulator (TORCH_SEMIRING_KERNEL_BACKEND=emulate routes CPU float32 values through the device glue, the
+# C API and the kernel bodies), against the ATen expression. On a GPU, tests/test_cuda_device.py runs them.
+
+def _emulated(monkeypatch, fn, *args):
+    monkeypatch.setenv("TORCH_SEMIRING_KERNEL_BACKEND", "emulate")
+    before = _C.device_elementwise_calls()
+    out = fn(*args)
+    assert _C.device_elementwise_calls() == before + 1, "the op did not reach the device kernel"
+    monkeypatch.delenv("TORCH_SEMIRING_KERNEL_BACKEND")
+    return out
+
+
+@pytest.mark.parametrize("semiring,k", EDGE_SEMIRINGS, ids=[f"{n}{k}" if n == "kmax" else n for n, k in EDGE_SEMIRINGS])
+@pytest.mark.parametrize("shapes", BROADCASTS, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_device_kernel_otimes_edge(semiring, k, shapes, monkeypatch):
+    sr = _C.make_semiring(semiring, k)
+    g = torch.Generator().manual_seed(len(shapes[0]) * 31 + k)
+    a, w = value(sr, shapes[0], torch.float32, g), weights(shapes[1], torch.float32, g)
+    got = _emulated(monkeypatch, sr.otimes_edge, a, w)
+    assert_same(got, general_path(sr.otimes_edge, a, w), torch.float32, f"{semiring} ⊗ edge {shapes}")
+
+
+# ⊕ fused: entropy, max_prod, kmax (log's and viterbi's are one ATen op: logaddexp, maximum)
+FUSED_PAIR = [(n, k) for n, k in SEMIRINGS if n in ("entropy", "max_prod", "kmax")]
+
+
+@pytest.mark.parametrize("semiring,k", FUSED_PAIR, ids=[f"{n}{k}" if n == "kmax" else n for n, k in FUSED_PAIR])
+@pytest.mark.parametrize("shapes", BROADCASTS, ids=lambda s: f"{s[0]}x{s[1]}")
+def test_device_kernel_oplus(semiring, k, shapes, monkeypatch):
+    sr = _C.make_semiring(semiring, k)
+    g = torch.Generator().manual_seed(len(shapes[1]) * 17 + k)
+    a = value(sr, shapes[0], torch.float32, g)
+    b = value(sr, shapes[1] if shapes[1] else (1,), torch.float32, g)
+    af, bf = a.view(a.shape[0], -1), b.view(b.shape[0], -1)
+    n = min(af.shape[1], bf.shape[1])
+    bf[:, :n:3] = af[:, :n:3]  # ties
+    got = _emulated(monkeypatch, sr.oplus, a, b)
+    assert_same(got, general_path(sr.oplus, a, b), torch.float32, f"{semiring} ⊕ {shapes}")
+
+
+@pytest.mark.parametrize("semiring,k", [("entropy", 1), ("max_prod", 1), ("kmax", 3), ("abs", 1), ("count", 1)])
+def test_device_kernel_strided_and_expanded_operands(semiring, k, monkeypatch):
+    # transposed (dims that cannot merge), expanded and 7-dim operands (the glue merges what it can)
+    sr = _C.make_semiring(semiring, k)
+    g = torch.Generator().manual_seed(5)
+    a = value(sr, (9, 13), torch.float32, g).transpose(1, 2)
+    w = weights((9, 13), torch.float32, g).t()
+    b = value(sr, (13, 1), torch.float32, g).expand(-1, 13, 9)
+    assert_same(_emulated(monkeypatch, sr.otimes_edge, a, w), general_path(sr.otimes_edge, a, w), torch.float32,
+                "strided ⊗")
+    if semiring in ("entropy", "max_prod", "kmax"):
+        assert_same(_emulated(monkeypatch, sr.oplus, a, b), general_path(sr.oplus, a, b), torch.float32,
+                    "expanded ⊕")
+    deep = value(sr, (2, 3, 2, 3, 2, 3, 2), torch.float32, g)  # 7 dims, contiguous: merged into one
+    wd = weights((2, 3, 2, 3, 2, 3, 2), torch.float32, g)
+    assert_same(_emulated(monkeypatch, sr.otimes_edge, deep, wd), general_path(sr.otimes_edge, deep, wd),
+                torch.float32, "7 dims")
+
+
+@pytest.mark.parametrize("base,k", [("viterbi", 1), ("kmax", 2), ("kmax", 5), ("kmax", 8)])
+def test_device_kernel_path_tracking_ops(base, k, monkeypatch):
+    # viterbi / kmax path tracking: scores then ids; ⊗ edge keeps the ids, ⊕ merges (score, id) pairs
+    sr = _C.make_provenance(base, k)
+    g = torch.Generator().manual_seed(k)
+    scores = torch.randn(k, 6, 40, generator=g).sort(0, descending=True).values
+    scores[:, :, ::7] = -math.inf
+    a = torch.cat([scores, torch.randperm(scores.numel(), generator=g).view(scores.shape).float()])
+    b = a.flip(-1).clone()
+    b[:, :, ::3] = a[:, :, ::3]  # ties
+    w = weights((6, 40), torch.float32, g)
+    assert_same(_emulated(monkeypatch, sr.otimes_edge, a, w), general_path(sr.otimes_edge, a, w), torch.float32,
+                f"{base}{k}+paths ⊗ edge")
+    if base == "kmax":  # viterbi+paths' ⊕ is the generic selection
+        assert_same(_emulated(monkeypatch, sr.oplus, a, b), general_path(sr.oplus, a, b), torch.float32,
+                    f"{base}{k}+paths ⊕")
+
+
+def test_device_kernel_declines_where_it_must(monkeypatch):
+    # float64 and graph-building calls stay on the CPU paths under the emulation, with the same values
+    monkeypatch.setenv("TORCH_SEMIRING_KERNEL_BACKEND", "emulate")
+    sr = _C.make_semiring("entropy", 1)
+    before = _C.device_elementwise_calls()
+    a64, w64 = torch.randn(2, 5, dtype=torch.float64), torch.randn(5, dtype=torch.float64)
+    sr.otimes_edge(a64, w64)
+    general_path(sr.otimes_edge, torch.randn(2, 5), torch.randn(5))
+    assert _C.device_elementwise_calls() == before

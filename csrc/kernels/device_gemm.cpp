@@ -22,7 +22,7 @@ namespace {
 using at::Tensor;
 namespace impl = cuda_kernels::impl;
 
-std::atomic<int64_t> device_calls{0};
+std::atomic<int64_t> device_calls{0}, device_elementwise_calls{0};
 
 #ifdef TS_WITH_CUDA_KERNELS
 constexpr bool kHaveCudaKernels = true;
@@ -81,6 +81,14 @@ struct Backend {
 #endif
     cuda_kernels::HostLauncher L(nullptr, nullptr);
     return impl::lift_weights(L, mode, w_dtype, batch, K, N, w, w_b, w_k, w_n, out);
+  }
+  int fused(int op, bool pair, int64_t C, int dtype, int ndim, const int64_t* size, const void* a, int64_t a_c,
+            const int64_t* a_s, const void* b, int64_t b_c, const int64_t* b_s, void* out) const {
+#ifdef TS_WITH_CUDA_KERNELS
+    if (cuda) return ts_fused(op, pair, C, dtype, ndim, size, a, a_c, a_s, b, b_c, b_s, out, stream);
+#endif
+    cuda_kernels::HostLauncher L(nullptr, nullptr);
+    return impl::fused(L, op, pair, C, dtype, ndim, size, a, a_c, a_s, b, b_c, b_s, out);
   }
   int exp_shift(bool entropy, int64_t batch, int64_t M, int64_t N, int64_t K, const float* a, int64_t a_b,
                 int64_t a_m, int64_t a_k, const float* ha, int w_dtype, const void* w, int64_t w_b, int64_t w_k,
@@ -249,7 +257,53 @@ Tensor exp_shift_matmul(bool entropy, const Tensor& g, const Tensor& w) {
   return out.view(f.out_shape);
 }
 
+bool routes_elementwise(const Tensor& a) {
+  return (a.device().is_cuda() && kHaveCudaKernels) ||
+         (a.device().is_cpu() && a.scalar_type() == at::kFloat && emulating());
+}
+
+Tensor fused_elementwise(Fused op, const std::vector<Tensor>& values, const Tensor& w) {
+  const Tensor& a = values[0];
+  const bool pair = values.size() == 2;
+  const Tensor& b = pair ? values[1] : w;
+  const auto dtype = a.scalar_type();
+  if (!routes_elementwise(a)) return {};
+  if (!b.defined() || b.device() != a.device() || b.scalar_type() != dtype ||
+      (dtype != at::kFloat && dtype != at::kDouble) || a.dim() < 1 || (pair && (b.dim() < 1 || b.size(0) != a.size(0))) ||
+      (at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad())))
+    return {};
+  const int64_t C = a.size(0);
+  const auto S = at::infer_size(a.sizes().slice(1), pair ? b.sizes().slice(1) : b.sizes());
+  std::vector<int64_t> full{C};
+  full.insert(full.end(), S.begin(), S.end());
+  const Tensor ae = a.expand(full), be = pair ? b.expand(full) : b.expand(S);
+  const int64_t b0 = pair ? 1 : 0;  // where b's element dims start
+  // S's dims with size > 1, adjacent ones merged where both operands step
+  // through them as one (the output, contiguous, always does).
+  std::vector<int64_t> size, a_s, b_s;
+  for (size_t d = 0; d < S.size(); ++d) {
+    if (S[d] == 1) continue;
+    const int64_t sa = ae.stride(1 + d), sb = be.stride(b0 + d);
+    if (!size.empty() && a_s.back() == sa * S[d] && b_s.back() == sb * S[d]) {
+      size.back() *= S[d], a_s.back() = sa, b_s.back() = sb;
+    } else {
+      size.push_back(S[d]), a_s.push_back(sa), b_s.push_back(sb);
+    }
+  }
+  if (size.size() > size_t(cuda_kernels::kFusedMaxDims)) return {};
+  auto out = at::empty(full, a.options());
+  const Backend backend(a);
+  const int rc = backend.fused(int(op), pair, C, dtype == at::kFloat ? TS_DTYPE_F32 : TS_DTYPE_F64, int(size.size()),
+                               size.data(), ae.data_ptr(), ae.stride(0), a_s.data(), be.data_ptr(),
+                               pair ? be.stride(0) : 0, b_s.data(), out.data_ptr());
+  if (rc == TS_CUDA_EBADARG) return {};  // no such op (e.g. kmax beyond k = 8): the generic path
+  check(rc, "ts_fused");
+  ++device_elementwise_calls;
+  return out;
+}
+
 int64_t calls() { return device_calls.load(); }
+int64_t elementwise_calls() { return device_elementwise_calls.load(); }
 
 }  // namespace device
 }  // namespace kernels

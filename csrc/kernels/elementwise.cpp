@@ -30,6 +30,10 @@
 
 #include "kernels/cpu_gemm.h"  // kernel_isa
 #include "kernels/cpu_vectors.h"  // VecOf, for vector_math.h
+#include "kernels/device_gemm.h"  // fused_elementwise
+
+// How fused_ops.inc marks its functions here: always inlined into the loops.
+#define TS_FUSED_FN inline __attribute__((always_inline))
 
 namespace torch_semiring::kernels {
 
@@ -102,6 +106,8 @@ bool applies(const std::vector<at::Tensor>& operands) {
 // values: the value operands (C, *S) (one for ⊗ edge, two for ⊕); w: the
 // plain edge weights for ⊗ (undefined for ⊕).
 at::Tensor run(Fused op, const std::vector<at::Tensor>& values, const at::Tensor& w) {
+  if (!values[0].device().is_cpu() || device::routes_elementwise(values[0]))
+    return device::fused_elementwise(op, values, w);  // the CUDA kernel, or its emulation
   std::vector<at::Tensor> all(values);
   if (w.defined()) all.push_back(w);
   if (!applies(all)) return {};

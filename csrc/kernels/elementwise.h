@@ -7,8 +7,12 @@
 // The arithmetic of each op is in fused_ops.inc; elementwise.cpp runs it over
 // the broadcast of the operands (at::TensorIterator) with AVX-512, AVX2 or
 // baseline code chosen at run time (kernel_isa(), TORCH_SEMIRING_KERNEL_ISA).
+// fused_edge / fused_pair on CUDA tensors (a build with the CUDA kernels) run
+// the same arithmetic as one CUDA launch (device_gemm.h fused_elementwise,
+// cuda/elementwise_block.h); so do CPU float32 tensors under
+// TORCH_SEMIRING_KERNEL_BACKEND=emulate, through the host block emulator.
 // Each entry point returns an UNDEFINED tensor when it does not apply —
-// non-CPU tensors, dtypes other than float32/float64 (one dtype for all
+// other devices, dtypes other than float32/float64 (one dtype for all
 // operands), or a graph-building call (create_graph: grad mode on and an
 // operand requiring grad, which needs differentiable ATen ops) — so the
 // semiring keeps its ATen expression as the general path. Cost: one read of
@@ -17,18 +21,9 @@
 
 #include <ATen/ATen.h>
 
-namespace torch_semiring::kernels {
+#include "kernels/fused_op.h"
 
-enum class Fused {
-  AddLogAbs,    // a + log|w| on each of k ≤ 8 components (log, viterbi, kmax)
-  AddLogAbsIds, // the same on k scores, k ids passed through: viterbi / kmax path tracking's ⊗ edge (2k components)
-  TimesAbs,     // a·|w|, a where a = 0 (abs, max_abs: one component)
-  TimesNonzero, // a·[w ≠ 0] (count: one component)
-  EntropyOps,   // entropy's ⊗ edge and ⊕
-  MaxProdOps,   // max_prod's ⊗ edge and ⊕
-  KMaxMerge,    // kmax's ⊕ (k ≤ 8)
-  KMaxMergeIds, // the same on (score, id) pairs: kmax path tracking's ⊕ (2k components)
-};
+namespace torch_semiring::kernels {
 
 // a ⊗ lift(w): a (C, *S) value, w a plain tensor, broadcast as in ATen.
 at::Tensor fused_edge(Fused op, const at::Tensor& a, const at::Tensor& w);

@@ -457,6 +457,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("device_kernel_calls", &kernels::device::calls,
         "products computed through the device kernels' C API (CUDA, or the emulation: "
         "TORCH_SEMIRING_KERNEL_BACKEND=emulate)");
+  m.def("device_elementwise_calls", &kernels::device::elementwise_calls,
+        "fused element-wise ops (⊗ edge, ⊕) computed through the device kernels' C API");
   m.def("exp_shift_stats", &kernels::exp_shift_stats);
   // The kernels' weight-preparation cache (policy in kernels/lift_cache.h).
   m.def("lift_cache_info", [] {

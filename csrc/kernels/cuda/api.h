@@ -23,7 +23,7 @@ enum { TS_OP_MAX_PLUS = 0, TS_OP_MAX_TIMES = 1, TS_OP_MAX_PROD = 2 };
 // each element at component stride a_c, out the k best of the k·K candidates
 // (the network of tile_arithmetic.h's TopKMerge), no argmax.
 #define TS_OP_KMAX 16
-enum { TS_DTYPE_F32 = 0, TS_DTYPE_BF16 = 1 };
+enum { TS_DTYPE_F32 = 0, TS_DTYPE_BF16 = 1, TS_DTYPE_F64 = 2 };
 
 extern "C" {
 
@@ -45,6 +45,16 @@ int ts_reduce(int mode, int64_t outer1, int64_t outer2, int64_t R, int64_t inner
 
 // out[index[e]] = max(out[index[e]], src[e]) for e < n (indices outside [0, n_out) skipped).
 int ts_scatter_amax(int64_t n, const float* src, const int64_t* index, float* out, int64_t n_out, void* stream);
+
+// A fused element-wise op (kernels/fused_op.h: op = int(Fused)) of `components`
+// components: pair = 0, out = a ⊗ lift(b) (b: the weights); pair = 1,
+// out = a ⊕ b (b: a second value). S has ndim ≤ 6 dims (size[]); a and b are
+// read at a + c·a_c + Σ i_d·a_s[d] (b likewise; b_c unused for an edge), out
+// is (components, S) contiguous. dtype TS_DTYPE_F32 or TS_DTYPE_F64, all
+// operands the same. TS_CUDA_EBADARG for an op without that form.
+int ts_fused(int op, int pair, int64_t components, int dtype, int ndim, const int64_t* size, const void* a,
+             int64_t a_c, const int64_t* a_s, const void* b, int64_t b_c, const int64_t* b_s, void* out,
+             void* stream);
 
 // The exp-shift stages (exp_shift_block.h), each one launch:
 // out = e^{x − shift}, out2 by h_mode (0 none, 1 out·h, 2 out·x with 0 for out = 0).

@@ -9,6 +9,7 @@
 #pragma once
 
 #include "kernels/cuda/api.h"
+#include "kernels/cuda/elementwise_block.h"
 #include "kernels/cuda/exp_shift_block.h"
 #include "kernels/cuda/max_gemm_block.h"
 #include "kernels/cuda/reduce_block.h"
@@ -104,6 +105,34 @@ int reduce(L& launcher, int mode, int64_t outer1, int64_t outer2, int64_t R, int
 template <class L>
 int scatter_amax(L& launcher, int64_t n, const float* src, const int64_t* index, float* out, int64_t n_out) {
   return launcher.template launch<ScatterAmaxBlock<>>(ScatterParams{n, src, index, out, n_out});
+}
+
+template <class T, class L>
+int fused_typed(L& launcher, int op, bool pair, int64_t components, int ndim, const int64_t* size, const void* a,
+                int64_t a_c, const int64_t* a_s, const void* b, int64_t b_c, const int64_t* b_s, void* out) {
+  FusedParams<T> p{};
+  p.n = 1;
+  p.ndim = ndim;
+  for (int d = 0; d < ndim; ++d) {
+    if (size[d] < 0) return TS_CUDA_EBADARG;
+    p.size[d] = size[d], p.a_s[d] = a_s[d], p.b_s[d] = b_s[d], p.n *= size[d];
+  }
+  p.a = static_cast<const T*>(a), p.a_c = a_c, p.b = static_cast<const T*>(b), p.b_c = b_c;
+  p.out = static_cast<T*>(out);
+  return fused_arithmetic::visit_fused<int>(kernels::Fused(op), pair, components, TS_CUDA_EBADARG,
+                                            [&](auto o, auto is_pair) {
+                                              using Block = FusedBlock<decltype(o), decltype(is_pair)::value, T>;
+                                              return launcher.template launch<Block>(p);
+                                            });
+}
+
+template <class L>
+int fused(L& launcher, int op, bool pair, int64_t components, int dtype, int ndim, const int64_t* size, const void* a,
+          int64_t a_c, const int64_t* a_s, const void* b, int64_t b_c, const int64_t* b_s, void* out) {
+  if (ndim < 0 || ndim > kFusedMaxDims || op < 0 || op > int(kernels::Fused::KMaxMergeIds)) return TS_CUDA_EBADARG;
+  if (dtype == TS_DTYPE_F32) return fused_typed<float>(launcher, op, pair, components, ndim, size, a, a_c, a_s, b, b_c, b_s, out);
+  if (dtype == TS_DTYPE_F64) return fused_typed<double>(launcher, op, pair, components, ndim, size, a, a_c, a_s, b, b_c, b_s, out);
+  return TS_CUDA_EBADARG;
 }
 
 template <class L>

@@ -10,6 +10,7 @@
 #define TS_LAUNCHER torch_semiring::cuda_kernels::HostLauncher
 #define TS_API_GEMM
 #define TS_API_REDUCE
+#define TS_API_FUSED
 #define TS_API_EXP_SHIFT
 #define TS_API_EXP_SHIFT_MATMUL
 #include "kernels/cuda/api_defs.inc"
