@@ -32,7 +32,12 @@ for f in "$CUDA"/lib64/*; do ln -s "$f" "$SHIM/lib64/"; done
 ln -sf "$CUBLAS_LIB" "$SHIM/lib64/libcublas.so"
 [ -n "$CUBLASLT_LIB" ] && ln -sf "$CUBLASLT_LIB" "$SHIM/lib64/libcublasLt.so"
 mkdir -p "$OUTDIR/src"
-git ls-files -z | tar --null -T - -cf - | tar -xf - -C "$OUTDIR/src"
+# Copy only the files whose content changed, stamped now: a copy that kept the tree's own mtimes could be
+# older than an object file of an earlier prebuild made from other content, and ninja would keep that object.
+git ls-files -z | while IFS= read -r -d '' f; do
+  [ -f "$f" ] || continue
+  if ! cmp -s "$f" "$OUTDIR/src/$f"; then mkdir -p "$(dirname "$OUTDIR/src/$f")" && cp "$f" "$OUTDIR/src/$f"; fi
+done
 (cd "$OUTDIR/src" && CUDA_HOME="$SHIM" MAX_JOBS=${MAX_JOBS:-2} "$PY" setup.py -q build_ext --inplace)
 rm -rf "$OUTDIR/torch_semiring" && mkdir -p "$OUTDIR/torch_semiring"
 cp "$OUTDIR"/src/python/torch_semiring/_C*.so "$OUTDIR"/src/python/torch_semiring/_preload*.so \
