@@ -1,7 +1,7 @@
 """Per-row cost of the layer-norm kernels (csrc/kernels/norm_rows.cpp), both schemes.
 
 For each semiring with a row kernel and each row length, the time of
-`Semiring.norm_offdiagonal(a, x)` on 64 rows (float32, as in a float32 model;
+`Semiring.norm_offdiagonal(a, x)` on 64 rows (float32 as in a float32 model, or --dtype float64;
 x a layer-normalised row, a random semiring value), per row, with the direct
 passes (TORCH_SEMIRING_NORM_PASS=direct), with the sorted sums / envelopes /
 pruned merge (=sorted) and with the default choice (=auto: by row length, and
@@ -36,7 +36,7 @@ def value(sr, shape, g):
         t = torch.randn(*shape, generator=g, dtype=torch.float64)
         t[torch.rand(*shape, generator=g) < 0.05] = 0.0
         return t
-    return sr.oplus(sr.lift(w()), sr.otimes(sr.lift(w()), sr.lift(w()))).float()
+    return sr.oplus(sr.lift(w()), sr.otimes(sr.lift(w()), sr.lift(w())))
 
 
 def per_row_us(sr, a, x, scheme, calls):
@@ -55,16 +55,19 @@ def main() -> int:
     ap.add_argument("--n", default="384,768,1024")
     ap.add_argument("--semirings", default=",".join(SEMIRINGS))
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64"],
+                    help="the rows' dtype: the direct pass runs in it (float32: twice the lanes)")
     args = ap.parse_args()
-    print(one_thread_header(f"µs per row of {ROWS} (float32), best of {args.repeats} medians"))
+    dtype = getattr(torch, args.dtype)
+    print(one_thread_header(f"µs per row of {ROWS} ({args.dtype}), best of {args.repeats} medians"))
     # auto: the default choice (by row length; count's float rows by their totals, norm_rows.cpp count_by_totals)
     print(f"{'semiring':10s} {'N':>5s} {'direct':>9s} {'sorted':>9s} {'auto':>9s}")
     for name in args.semirings.split(","):
         sr = _C.make_semiring(name, 4 if name == "kmax" else 1)
         for n in (int(v) for v in args.n.split(",")):
             g = torch.Generator().manual_seed(n)
-            x = F.layer_norm(torch.randn(ROWS, n, generator=g, dtype=torch.float64), (n,)).float()
-            a = value(sr, (ROWS, n), g)
+            x = F.layer_norm(torch.randn(ROWS, n, generator=g, dtype=torch.float64), (n,)).to(dtype)
+            a = value(sr, (ROWS, n), g).to(dtype)
             calls = max(3, int(2e5 / (n * n) * 8))
             best = {"direct": float("inf"), "sorted": float("inf"), "auto": float("inf")}
             for _ in range(args.repeats):

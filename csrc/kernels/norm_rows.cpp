@@ -241,7 +241,8 @@ struct SumRow {
 // (term_ij = term_ji), so one pass over the pairs i < j adds w_s[i]·term to
 // out_s[j] and w_s[j]·term to out_s[i]: N(N−1)/2 terms, vectorised over j, the
 // block never stored. O(N²/L) vector steps per row: against the sorted sums'
-// O(N log N) it wins below ~600 elements (kDirectMax), and it is the only
+// O(N log N) it wins on rows up to ~1 000 float32 / ~500 float64 elements
+// (the cut-offs below, by kernel and precision), and it is the only
 // scheme for φ, which separates in no way. Bound by vector throughput (the row
 // stays in L1: no cache blocking pays; blocking 2–4 rows of the φ pass
 // measured no gain). Run in the graph's precision (float rows: float lanes,
@@ -577,24 +578,40 @@ RowPass<T> pick_row_pass() {
 
 // ---- the direct pass or the sorted sums, per row --------------------------------
 
-// Rows of at most kDirectMax elements take the direct pair pass for abs,
-// count, log, entropy and max_prod (and, when no winners are wanted, max_abs
-// and viterbi), longer ones the sorted range sums (SumRow) or the envelopes;
-// kmax (k ≤ 8) takes TopKLanes up to kDirectMaxTopK. By their measured
-// cost, µs a row (benchmarks/norm_rows.py: 64 float32 rows, AVX-512, one
-// core, best of 7; direct / sorted):
-//             N = 384       512          768          1024
-//   abs        10.4 / 13.4  15.7 / 18.2  31.9 / 27.1  66.3 / 36.7
-//   log        12.2 / 15.9  18.9 / 21.0  49.2 / 31.5  72.7 / 42.1
-//   entropy    48.6 / 59.9  80.6 / 89.7  172 / 171    287 / 256
-//   max_abs    12.5 / 17.8  18.4 / 23.8  36.5 / 34.6  65.5 / 44.7
-//   viterbi    14.6 / 17.3  26.6 / 22.7  46.9 / 34.9  71.0 / 45.3
-//   max_prod   24.2 / 32.1  35.9 / 41.4  71.7 / 61.5  115 / 80.0
-//   kmax(4)    52.5 / 125   76.8 / 163   138 / 237    206 / 322
+// Rows up to a cut-off take the direct pair pass for abs, count, log, entropy
+// and max_prod (and, when no winners are wanted, max_abs and viterbi), longer
+// ones the sorted range sums (SumRow) or the envelopes; kmax (k ≤ 8) takes
+// TopKLanes up to kDirectMaxTopK. The cut-off depends on the kernel and on
+// the rows' precision: the direct pass runs in it, and float rows have twice
+// the lanes, so they keep it about twice as long. Measured cost, µs a row
+// (benchmarks/norm_rows.py: 64 rows, AVX-512, one core; direct / sorted;
+// 2026-11-27, float32 best of 7, float64 best of 5):
+//   float32      N = 512      768          896          1024         1280
+//   abs        10.1 / 20.1  20.1 / 29.7  27.3 / 35.0  35.2 / 41.0  69.6 / 71.1
+//   log        18.0 / 31.2  25.4 / 34.3  33.4 / 40.1  40.5 / 48.2  59.2 / 59.9
+//   entropy    67.6 / 90.3  142 / 169    182 / 205    243 / 260    416 / 392
+//   max_abs    14.4 / 27.6  29.8 / 38.6  43.4 / 45.1  60.5 / 63.3  83.8 / 62.8
+//   viterbi    18.2 / 26.4  33.6 / 39.3  43.6 / 43.6  54.8 / 51.8  82.8 / 62.6
+//   max_prod   33.6 / 47.5  69.8 / 70.2  97.8 / 80.8  146 / 125    157 / 103
+//   float64      N = 384      512          640          768
+//   abs        16.3 / 23.0  29.5 / 32.6  40.1 / 39.3  55.8 / 47.0
+//   log        19.7 / 27.3  31.2 / 36.2  44.2 / 46.2  63.5 / 54.0
+//   entropy     118 / 130    291 / 311    484 / 477    689 / 659
+//   max_abs    20.3 / 24.4  35.0 / 31.3  52.4 / 42.4  73.9 / 49.2
+//   viterbi    26.0 / 28.2  40.8 / 37.8  59.1 / 44.5  82.5 / 53.8
+//   max_prod   44.7 / 49.8  76.3 / 67.4   111 / 73.7   166 / 105
+// (kmax(4), float32, by the 2026-11-26 measurement: 76.8 / 163 at 512, 138 / 237 at 768, 206 / 322 at 1024.)
 // TORCH_SEMIRING_NORM_PASS=direct|sorted forces one scheme (tests cover both;
 // read per call, a getenv is cheap next to a row).
-constexpr int64_t kDirectMax = 512, kDirectMaxTopK = 1024;
-bool direct_pays(int64_t n, int64_t direct_max = kDirectMax) {
+struct DirectMax {
+  int64_t single, dbl;  // the longest float32 / float64 row the direct pass takes
+  int64_t operator()(bool single_precision) const { return single_precision ? single : dbl; }
+};
+constexpr DirectMax kDirectSums{1024, 512},  // abs, count, log
+    kDirectEntropy{1024, 512}, kDirectMaxRows{896, 384},  // max_abs, viterbi
+    kDirectSignedMax{768, 384};                              // max_prod
+constexpr int64_t kDirectMaxTopK = 1024;
+bool direct_pays(int64_t n, int64_t direct_max) {
   if (const char* forced = std::getenv("TORCH_SEMIRING_NORM_PASS")) {
     const std::string f = forced;
     if (f == "direct") return true;
@@ -1576,7 +1593,7 @@ at::Tensor sum_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool nonzero
     }
     const double* wv[] = {finite_w.data()};
     if (nonzero && single && !scheme_forced()) count_by_totals(xr, finite_w.data(), o[0], n);
-    else if (!direct_pays(n)) row.run(xr, n, wv, o, nonzero);
+    else if (!direct_pays(n, kDirectSums(single))) row.run(xr, n, wv, o, nonzero);
     else if (nonzero) direct_row<NonzeroTerm>(single, xr, wv, o, n);
     else direct_row<AbsTerm>(single, xr, wv, o, n);
     // Each j needs one existing edge from an infinite i: the first one found
@@ -1595,7 +1612,7 @@ at::Tensor sum_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool nonzero
 at::Tensor logsumexp_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
   const bool single = x_in.scalar_type() == at::kFloat;  // the direct pass in the graph's precision
-  const bool direct = direct_pays(n);
+  const bool direct = direct_pays(n, kDirectSums(single));
   auto out = over_rows({a_in, x_in}, {Holds::LogValues, Holds::Finite}, 1, [=](int64_t, const double* const* in,
                                                                                double* const* o) {
     thread_local SumRow<1> row;
@@ -1624,7 +1641,7 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
                                                 const at::Tensor& x_in) {
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
   const bool single = x_in.scalar_type() == at::kFloat;  // φ pass in the graph's precision
-  const bool direct = direct_pays(n);
+  const bool direct = direct_pays(n, kDirectEntropy(single));
   auto out = over_rows({l_in, h_in, x_in}, {Holds::LogValues, Holds::Finite, Holds::Finite}, 2,
                        [=](int64_t, const double* const* in, double* const* o) {
     thread_local SumRow<2> row;
@@ -1671,7 +1688,8 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
 at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_space, at::Tensor* argmax) {
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
   const bool single = x_in.scalar_type() == at::kFloat;  // the direct pass in the graph's precision
-  const bool direct = !argmax && direct_pays(n);         // values only: the winners come from the envelope
+  // values only: the winners come from the envelope
+  const bool direct = !argmax && direct_pays(n, kDirectMaxRows(single));
   auto winners = argmax ? at::empty(x_in.sizes(), x_in.options().dtype(at::kInt)) : at::Tensor();
   int32_t* pwin = argmax ? winners.data_ptr<int32_t>() : nullptr;
   auto out = over_rows({w_in, x_in}, {log_space ? Holds::LogValues : Holds::Finite, Holds::Finite}, 1,
@@ -1733,7 +1751,7 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const
   // (an infinite product, NaN) is left to the generic arithmetic.
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
   const bool single = x_in.scalar_type() == at::kFloat;  // the direct pass in the graph's precision
-  const bool direct = direct_pays(n);
+  const bool direct = direct_pays(n, kDirectSignedMax(single));
   std::atomic<bool> infinite_product{false};
   auto out = over_rows({M_in, m_in, x_in}, {Holds::AnyButNaN, Holds::AnyButNaN, Holds::Finite}, 2,
                        [&, n](int64_t, const double* const* in, double* const* o) {

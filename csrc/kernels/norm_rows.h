@@ -17,14 +17,14 @@
 //   topk_rows       the k largest of a_ic + log|1 + x_i x_j| over i ≠ j, c ≤ k  kmax
 //
 // Cost per row (x sorted once by an LSD radix sort, O(N)):
-//   sums, rows of ≤ 512 elements: a direct pair pass, O(N²/L) vector steps
+//   sums, rows of ≤ 1 024 float32 / 512 float64 elements: a direct pair pass, O(N²/L) vector steps
 //           (L lanes) — each pair's |y| (or [y ≠ 0]) computed once for both
 //           orders, in the graph's precision (float rows: 16 lanes on AVX-512),
 //           a sum of non-negative terms, 4 rows i at a time over the same
-//           vectors of j (norm_rows.cpp, PairPass); below ~600 elements it is
-//           cheaper than the sorted sums (MiniLM's 384: ~6 µs a row, abs, was
-//           10.4 with a row at a time, vs 13.4 sorted; benchmarks/norm_rows.py
-//           gives every semiring and length).
+//           vectors of j (norm_rows.cpp, PairPass); up to ~1 000 float32
+//           elements it is cheaper than the sorted sums (abs, µs a row:
+//           N = 384 ~6, N = 768 20.1 vs 29.7 sorted; norm_rows.cpp's table,
+//           benchmarks/norm_rows.py gives every semiring and length).
 //   count, float rows (float32 graphs), any length: O(N) — the row's total but
 //           w_j (a prefix plus a suffix), since 1 + x_i x_j (rounded once from
 //           the exact product) is 0 only where x_i·x_j = −1, which two floats
@@ -40,14 +40,14 @@
 //   entropy: Z and Σ w h |y| as the sums above, plus Σ_{i≠j} w_i φ(y_ij),
 //           φ(y) = |y| log|y|, which separates in no way: the direct pair pass
 //           (φ_ij = φ_ji: N(N−1)/2 logarithms), O(N²/L), never storing the
-//           block — on rows of ≤ 512 elements one pass for all three sums
-//           (N = 384: 48.6 vs 59.9 µs a row with the sorted sums beside it). It is bound by vector throughput (the row stays
+//           block — on rows of ≤ 1 024 float32 / 512 float64 elements one pass for
+//           all three sums (N = 768: 142 vs 169 µs a row with the sorted sums beside it). It is bound by vector throughput (the row stays
 //           in L1: no cache blocking pays; blocking 2–4 rows measured no
 //           gain), so its cost is the log: float rows (float32 graphs) take
 //           log|y| from a 16-entry table by one permute (AVX-512 / AVX2: ~17
 //           vector operations a pair-vector instead of ~26, −30 %).
-//   max (max_abs, viterbi; values only) and max_prod, rows of ≤ 512
-//           elements: the direct pair pass with maxima (max_prod: maxima and
+//   max (max_abs, viterbi; values only) and max_prod, rows of ≤ 896 / 768
+//           float32 or 384 float64 elements: the direct pair pass with maxima (max_prod: maxima and
 //           minima of M_i y and m_i y over the edges) instead of sums, O(N²/L)
 //           (N = 384: 12.5 vs 17.8 µs a row for max_abs, 14.6 vs 17.3 for
 //           viterbi, 24.2 vs 32.1 for max_prod; float32, AVX-512).

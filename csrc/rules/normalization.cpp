@@ -7,7 +7,7 @@
 //                  = Semiring::norm_offdiagonal — without the block in the
 //                  built-in semirings (kernels/norm_rows: O(N log N) sorted
 //                  range sums and envelopes of lines; a direct O(N²/L) pair
-//                  pass for the sums on rows of ≤ 512 elements, where it is
+//                  pass for the sums on rows of up to ~1 000 float32 elements, where it is
 //                  cheaper, and for entropy's φ term);
 //     RMS norm:    lift(x̂_j) ⊗ ⊕_{i≠j} (g_i ⊗ lift(−c_i x̂_i/N)), an "all but
 //                  me" ⊕ (Semiring::exclusive_oplus): O(N) a row.
