@@ -396,3 +396,52 @@ def test_count_matmul_by_row_sums(dtype, zeros):
         assert got.shape == want.shape and got.is_contiguous()
         assert torch.equal(got, want), (zeros, gb, wb, M, K, N)
         assert torch.equal(sr.matmul(g, w.transpose(-1, -2).contiguous().transpose(-1, -2)), want)  # strided w
+
+
+# viterbi's and max_abs's products by pruned rows (cpu_gemm.cpp run_pruned, K >= 256): every k whose bound
+# g ⊗ max over a 32-column panel of lift(w) is below the panel's smallest lower bound is skipped, so the
+# values and the argmax (ties to the smallest k) must be bit-identical to the blocked kernel's
+# (TORCH_SEMIRING_GEMM_PRUNE=0), on spread-out rows (most k pruned), ties, rows without paths, zero weights.
+PRUNED_SHAPES = [(1, 256, 1), (5, 256, 17), (13, 300, 40), (12, 384, 96), (3, 512, 33), (2, 257, 130)]
+
+
+def _pruned_case(name, kind, M, K, N, dtype, gen):
+    if kind == "ties":
+        g = torch.randint(0, 3, (M, K), generator=gen).to(dtype)
+        w = torch.randint(-1, 2, (K, N), generator=gen).to(dtype) if name == "viterbi" else \
+            torch.randint(-2, 3, (K, N), generator=gen).to(dtype)
+    else:  # spread-out scores (log-scale paths), weights of a dense layer with some zeros
+        g = torch.randn(M, K, generator=gen, dtype=torch.float64) * 6
+        g = (g if name == "viterbi" else g.exp()).to(dtype)
+        w = make_weights((K, N), gen, dtype, zeros=0.1)
+    if kind == "no paths":  # whole rows and scattered entries without a path
+        zero = -INF if name == "viterbi" else 0.0
+        g[0] = zero
+        g[torch.rand(g.shape, generator=gen) < 0.3] = zero
+        w[:, 0] = 0.0  # a column of zero weights
+    return g[None], w
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["spread", "ties", "no paths"])
+@pytest.mark.parametrize("name", ["viterbi", "max_abs"])
+def test_pruned_rows_equal_the_blocked_kernel(name, kind, dtype, isa, monkeypatch):
+    gen = torch.Generator().manual_seed(7)
+    for M, K, N in PRUNED_SHAPES:
+        g, w = _pruned_case(name, kind, M, K, N, dtype, gen)
+        pruned = _C.kernel_max_matmul_argmax(name, g, w)
+        plain = _C.kernel_matmul(name, g, w)
+        monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
+        blocked = _C.kernel_max_matmul_argmax(name, g, w)
+        blocked_plain = _C.kernel_matmul(name, g, w)
+        monkeypatch.delenv("TORCH_SEMIRING_GEMM_PRUNE")
+        what = f"{name} {kind} {M}x{K}x{N}"
+        assert torch.equal(pruned[0], blocked[0]), what
+        assert torch.equal(pruned[1], blocked[1]), what
+        assert torch.equal(plain, blocked_plain), what
+        assert torch.equal(plain, blocked[0]), what
+        # and the reference: the first maximal k
+        terms = (g[0][..., None] + w.abs().log()) if name == "viterbi" else g[0][..., None] * w.abs()
+        best = terms.amax(-2)
+        assert torch.equal(plain[0], best), what
+
