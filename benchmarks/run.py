@@ -184,6 +184,9 @@ def main() -> int:
     if args.child:
         json.dump(child(args.child), sys.stdout)
         return 0
+    unknown = [m for m in args.models.split(",") if m not in models.BUILD]
+    if unknown:
+        ap.error(f"unknown model(s) {', '.join(unknown)}: choose from {', '.join(models.BUILD)}")
     t0 = time.perf_counter()
     env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="1048576", MALLOC_TRIM_THRESHOLD_="1048576",
                HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
