@@ -108,5 +108,29 @@ TS_TILE_FN void atomic_add_i64(int64_t* addr, int64_t v) {
 
 TS_TILE_FN int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A block whose threads each take one element e < p.n of a flat range, with no
+// shared memory and no barrier (element-wise kernels): Body::element(p, e)
+// does the work. Body derives from it (CRTP); the grid is ceil(n / Threads).
+template <class Body, class P, int Threads>
+struct PerElementBlock {
+  static constexpr int kThreads = Threads;
+  using Params = P;
+  struct Smem {
+    int unused;
+  };
+  struct Regs {
+    int unused;
+  };
+  TS_TILE_FN static Dim3 grid(const Params& p) { return {ceil_div(p.n, Threads), 1, 1}; }
+  template <class Exec>
+  TS_TILE_FN static void run(const Params& p, Smem&, Exec& ex) {
+    const int64_t base = ex.block().x * Threads;
+    ex.each([&](int tid, Regs&) {
+      const int64_t e = base + tid;
+      if (e < p.n) Body::element(p, e);
+    });
+  }
+};
+
 }  // namespace cuda_kernels
 }  // namespace torch_semiring

@@ -61,40 +61,25 @@ struct FusedParams {
 };
 
 template <class Op, bool Pair, class T, int Threads = 256>
-struct FusedBlock {
-  static constexpr int kThreads = Threads;
-  using Params = FusedParams<T>;
-  struct Smem {
-    int unused;
-  };
-  struct Regs {
-    int unused;
-  };
-  TS_TILE_FN static Dim3 grid(const Params& p) { return {ceil_div(p.n, Threads), 1, 1}; }
-  template <class Exec>
-  TS_TILE_FN static void run(const Params& p, Smem&, Exec& ex) {
-    const int64_t base = ex.block().x * Threads;
-    ex.each([&](int tid, Regs&) {
-      const int64_t e = base + tid;
-      if (e >= p.n) return;
-      int64_t rest = e, oa = 0, ob = 0;
-      for (int d = p.ndim - 1; d >= 0; --d) {
-        const int64_t i = rest % p.size[d];
-        rest /= p.size[d];
-        oa += i * p.a_s[d];
-        ob += i * p.b_s[d];
-      }
-      constexpr int C = Op::kC;
-      T in[Pair ? 2 * C : C], out[C];
-      for (int c = 0; c < C; ++c) in[c] = p.a[oa + c * p.a_c];
-      if constexpr (Pair) {
-        for (int c = 0; c < C; ++c) in[C + c] = p.b[ob + c * p.b_c];
-        Op::template pair<T, T>(in, in + C, out);
-      } else {
-        Op::template edge<T, T>(in, p.b[ob], out);
-      }
-      for (int c = 0; c < C; ++c) p.out[c * p.n + e] = out[c];
-    });
+struct FusedBlock : PerElementBlock<FusedBlock<Op, Pair, T, Threads>, FusedParams<T>, Threads> {
+  TS_TILE_FN static void element(const FusedParams<T>& p, int64_t e) {
+    int64_t rest = e, oa = 0, ob = 0;
+    for (int d = p.ndim - 1; d >= 0; --d) {
+      const int64_t i = rest % p.size[d];
+      rest /= p.size[d];
+      oa += i * p.a_s[d];
+      ob += i * p.b_s[d];
+    }
+    constexpr int C = Op::kC;
+    T in[Pair ? 2 * C : C], out[C];
+    for (int c = 0; c < C; ++c) in[c] = p.a[oa + c * p.a_c];
+    if constexpr (Pair) {
+      for (int c = 0; c < C; ++c) in[C + c] = p.b[ob + c * p.b_c];
+      Op::template pair<T, T>(in, in + C, out);
+    } else {
+      Op::template edge<T, T>(in, p.b[ob], out);
+    }
+    for (int c = 0; c < C; ++c) p.out[c * p.n + e] = out[c];
   }
 };
 

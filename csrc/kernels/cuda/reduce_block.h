@@ -116,25 +116,10 @@ struct ScatterParams {
 };
 
 template <int Threads = 256>
-struct ScatterAmaxBlock {
-  static constexpr int kThreads = Threads;
-  using Params = ScatterParams;
-  struct Smem {
-    int unused;
-  };
-  struct Regs {
-    int unused;
-  };
-  TS_TILE_FN static Dim3 grid(const Params& p) { return {ceil_div(p.n, Threads), 1, 1}; }
-  template <class Exec>
-  TS_TILE_FN static void run(const Params& p, Smem&, Exec& ex) {
-    const int64_t base = ex.block().x * Threads;
-    ex.each([&](int tid, Regs&) {
-      const int64_t e = base + tid;
-      if (e >= p.n) return;
-      const int64_t t = p.index[e];
-      if (t >= 0 && t < p.n_out) atomic_max_float(p.out + t, p.src[e]);
-    });
+struct ScatterAmaxBlock : PerElementBlock<ScatterAmaxBlock<Threads>, ScatterParams, Threads> {
+  TS_TILE_FN static void element(const ScatterParams& p, int64_t e) {
+    const int64_t t = p.index[e];
+    if (t >= 0 && t < p.n_out) atomic_max_float(p.out + t, p.src[e]);
   }
 };
 
