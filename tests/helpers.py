@@ -533,10 +533,12 @@ def run_against_reference(node, make_case):
 # ---- paths by brute force (test_paths, test_attention_rule)
 
 
-def all_paths(out, inputs):
-    """(input index, flat element, [edge weights]) of every path, by brute force."""
-    graph = build_graph([out], inputs)
-    seeds = _seeds(graph, [out], None)
+def all_paths(out, inputs, grad_outputs=None):
+    """(input index, flat element, [edge weights]) of every path, by brute force (a grad_output
+    weight is the path's last edge)."""
+    outs = list(out) if isinstance(out, (list, tuple)) else [out]
+    graph = build_graph(outs, inputs)
+    seeds = _seeds(graph, outs, grad_outputs)
     found = []
     for i, vertices in enumerate(graph.input_vertices):
         for flat, v in enumerate(vertices):

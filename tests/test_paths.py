@@ -101,12 +101,9 @@ def test_labels_on_a_tiny_bert():
         assert s.shape[1] == 2 and s.index[1] == s.head and s.index[2] == s.token
 
 
-def test_paths_read_the_device_once_per_step(monkeypatch):
-    # top_paths walks all k paths in lockstep: one transfer per step (plus
-    # one for the candidates and one for all edge weights), never a host read
-    # of one element (.item(), float(t), int(t)) — each a sync on a GPU.
-    model, embeds, out, _ = tiny_bert_run()
-    expected = ts.top_paths(out, embeds, semiring="viterbi", k=4, model=model, seq_len=5)
+def count_reads(monkeypatch, run):
+    """run() with every host read of one element (.item(), float(t), int(t): each a sync on a GPU)
+    forbidden; returns its result and the sizes of the .tolist() reads it made."""
     reads = []
 
     def forbidden(self, *args):
@@ -117,12 +114,40 @@ def test_paths_read_the_device_once_per_step(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "__float__", forbidden)
     monkeypatch.setattr(torch.Tensor, "__int__", forbidden)
     monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.numel()) or tolist(self))
-    paths = ts.top_paths(out, embeds, semiring="viterbi", k=4, model=model, seq_len=5)
-    monkeypatch.undo()
+    try:
+        return run(), reads
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("k", [1, 4])
+def test_walked_paths_read_the_device_once_per_step(monkeypatch, k):
+    # Paths taken from a walk's records (k = 1; k > 1 on a graph with hooks, by the
+    # kmax+paths walk) are walked in lockstep: one transfer per step, plus one
+    # for the candidates and one for all edge weights.
+    model, embeds, out, _ = tiny_bert_run()
+    hooked = out.register_hook(lambda g: None) if k > 1 else None
+    expected = ts.top_paths(out, embeds, semiring="viterbi", k=k, model=model, seq_len=5)
+    paths, reads = count_reads(monkeypatch, lambda: ts.top_paths(out, embeds, semiring="viterbi", k=k,
+                                                                 model=model, seq_len=5))
+    if hooked is not None:
+        hooked.remove()
     assert [p.to_dict() for p in paths] == [p.to_dict() for p in expected]
     longest = max(len(p.steps) for p in paths)
     assert len(reads) == longest + 2, reads  # candidates, one per step, edge weights
     assert reads[1] == 2 * len(paths)  # the first step reads (score, id) of every path at once
+
+
+def test_k_best_paths_read_whole_columns(monkeypatch):
+    # The lazy k best (k_best.py) reads an element's best path in one transfer
+    # and the candidates of an element in another: never one element at a time.
+    model, embeds, out, _ = tiny_bert_run()
+    expected = ts.top_paths(out, embeds, semiring="viterbi", k=4, model=model, seq_len=5)
+    paths, reads = count_reads(monkeypatch, lambda: ts.top_paths(out, embeds, semiring="viterbi", k=4,
+                                                                 model=model, seq_len=5))
+    assert [p.to_dict() for p in paths] == [p.to_dict() for p in expected]
+    assert reads[0] == 3 * 4  # the candidate starts: (score, index, exists) of each
+    assert all(n == 2 or n % (2 * 4) == 0 for n in reads[1:-1]), reads  # (score, id) / k-lists of (score, id)
 
 
 def test_parameters_are_labelled_by_name():

@@ -17,6 +17,7 @@
 #include <torch/csrc/autograd/grad_mode.h>
 
 #include <deque>
+#include <stdexcept>
 #include <sstream>
 #include <unordered_map>
 
@@ -246,6 +247,24 @@ BackwardResult run_backward(const Semiring& sr, const std::vector<Edge>& roots,
     if (!opt.keep_graph) node.release_variables();
   }
   return result;
+}
+
+std::vector<at::Tensor> run_node_rule(const Semiring& sr, Node& node, const std::vector<at::Tensor>& values,
+                                      const std::vector<bool>& wanted) {
+  if (NodeHooks::any(node))
+    throw std::invalid_argument("torch_semiring: " + node.name() + " has hooks, which only a walk runs");
+  at::AutoGradMode grad_mode(false);
+  const auto& edges = node.next_edges();
+  auto want = [&](size_t j) { return j < wanted.size() && wanted[j] && edges[j].is_valid(); };
+  auto outputs = apply_rule(node, sr, want, values, false);
+  for (size_t j = 0; j < edges.size(); ++j) {
+    if (!want(j) || !outputs[j].defined()) {
+      outputs[j] = at::Tensor();
+      continue;
+    }
+    outputs[j] = conform(sr, outputs[j], edges[j].function->input_metadata(edges[j].input_nr), node, j);
+  }
+  return outputs;
 }
 
 }  // namespace torch_semiring

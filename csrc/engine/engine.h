@@ -64,6 +64,15 @@ BackwardResult run_backward(const Semiring& semiring, const std::vector<Edge>& r
                             const std::vector<at::Tensor>& seeds, const std::vector<Edge>& targets,
                             const BackwardOptions& options, BackwardObserver* observer = nullptr);
 
+// One node's rule outside a walk (the lazy k-best paths, paths/k_best.py):
+// `values` arrive at the node's outputs (undefined = zero); returns the value
+// along each next edge j with wanted[j] (else undefined), ⊕-reduced and cast
+// to the input it points at exactly as a walk delivers it. Grad mode off. A
+// node with hooks is refused (std::invalid_argument): a walk runs its hooks
+// around the rule, and calling them outside one would change what they see.
+std::vector<at::Tensor> run_node_rule(const Semiring& semiring, Node& node, const std::vector<at::Tensor>& values,
+                                      const std::vector<bool>& wanted);
+
 // Debug log of executed nodes (off by default; TORCH_SEMIRING_LOGS=1 or
 // torch_semiring.set_logging(True)).
 void set_log_sink(std::function<void(const std::string&)> sink);

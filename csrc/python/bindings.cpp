@@ -382,6 +382,34 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         py::arg("semiring"), py::arg("roots"), py::arg("seeds"), py::arg("targets"), py::arg("keep_graph"),
         py::arg("create_graph"), py::arg("collect_leaves"), py::arg("record_paths") = false);
 
+  // Whether any node reachable from the outputs' grad_fns has a hook (engine/node_hooks.h): rules run
+  // outside a walk (run_node_rule) would not run them.
+  m.def("graph_has_hooks", [](const std::vector<at::Tensor>& outputs) {
+    std::unordered_set<Node*> seen;
+    std::vector<Node*> work;
+    for (const auto& t : outputs)
+      if (t.defined() && t.grad_fn()) work.push_back(t.grad_fn().get());
+    while (!work.empty()) {
+      Node* n = work.back();
+      work.pop_back();
+      if (!n || !seen.insert(n).second) continue;
+      if (NodeHooks::any(*n)) return true;
+      for (const auto& e : n->next_edges()) work.push_back(e.function.get());
+    }
+    return false;
+  }, py::arg("outputs"));
+  m.def("run_node_rule",
+        [](const std::shared_ptr<Semiring>& sr, const NodeRef& node, const std::vector<std::optional<at::Tensor>>& values,
+           const std::vector<bool>& wanted) {
+          std::vector<at::Tensor> in;
+          for (const auto& v : values) in.push_back(v ? *v : at::Tensor());
+          PreloadSuspended stock_engine_calls;  // the rule may call the node's own backward
+          py::list result;
+          for (auto& t : run_node_rule(*sr, *node.node, in, wanted)) result.append(t.defined() ? py::cast(t) : py::none());
+          return result;
+        },
+        py::arg("semiring"), py::arg("node"), py::arg("values"), py::arg("wanted"));
+
   // The LD_PRELOAD route (csrc/hooks, csrc/preload): the stock engine made
   // semiring-aware by the interposer, when the process was started with it.
   m.def("preload_install", &install_preload_hooks);

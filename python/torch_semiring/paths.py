@@ -19,7 +19,8 @@ import torch
 
 from . import _C
 from ._extras import require
-from .engine import _as_tuple, walk
+from .engine import _as_tuple, _roots_and_seeds, walk
+from .k_best import KBest
 from .semirings import Part, Resolved, resolve, selecting_semirings
 
 # k > 1 paths run as kmax, which ranks by log|path product|: the same order as these semirings' own.
@@ -108,7 +109,7 @@ class Path:
 # ---- running the provenance pass ------------------------------------------------
 
 
-def _provenance_run(outputs, inputs, semiring: str, k: int, grad_outputs):
+def _check_path_request(semiring: str, k: int) -> None:
     if not resolve(semiring).parts[0].selects_paths:
         raise ValueError(
             f"torch_semiring: semiring '{semiring}' has no paths to extract; paths come from semirings whose ⊕ "
@@ -118,7 +119,10 @@ def _provenance_run(outputs, inputs, semiring: str, k: int, grad_outputs):
         raise ValueError(f"torch_semiring: k must be a positive integer, got {k!r}")
     if k > 1 and semiring not in _LOG_MAGNITUDE_ORDER:
         raise ValueError("torch_semiring: k > 1 paths rank by log-magnitude: use semiring='kmax' (or viterbi)")
-    kind = "kmax" if k > 1 else semiring
+
+
+def _provenance_run(outputs, inputs, kind: str, k: int, grad_outputs):
+    """One walk of the provenance version of `kind` (kmax: lists of k), recording what arrived everywhere."""
     handle = _C.make_provenance(kind, k)
     sr = Resolved(handle, (Part(kind, ("paths", kind, k), handle),))
     outputs = _as_tuple(outputs)
@@ -131,6 +135,31 @@ def _provenance_run(outputs, inputs, semiring: str, k: int, grad_outputs):
     with torch.no_grad():
         w = walk(sr, outputs, inputs, grad_outputs, retain_graph=True, record_paths=True)
     return handle, kind, w.captured, w.in_graph, w.paths, w.targets
+
+
+def _best_starts(handle, captured, in_graph, k: int) -> list:
+    """The k best (score, input, flat, entry) over every element of every input, best first, read in one
+    transfer. Entries that rank paths: every entry of a list-valued readout (kmax), else the first (max_prod's M)."""
+    ranked = handle.origin_entries if handle.readout_lists_components else 1
+    smallest = handle.selects_minimum  # min_plus: the best path is the cheapest
+    keys, tops = [], []
+    for i, (value, used) in enumerate(zip(captured, in_graph)):
+        if not used or value is None:
+            continue
+        no_path = handle.zero([], value)[0]  # the zero's first entry: an element no path reaches (compared on device)
+        flat = value.reshape(value.shape[0], -1)
+        for entry in range(ranked):
+            best = torch.topk(flat[entry], min(k, flat.shape[1]), largest=not smallest)
+            keys += [(i, entry)] * best.values.numel()
+            tops.append(torch.stack((best.values.to(torch.float64), best.indices.to(torch.float64),
+                                     (best.values != no_path).to(torch.float64)), 1))
+    candidates = []
+    if tops:
+        for (i, entry), (score, j, exists) in zip(keys, torch.cat(tops).tolist()):
+            if math.isfinite(score) and exists:
+                candidates.append((score, i, int(j), entry))
+    candidates.sort(key=lambda c: (c[0] if smallest else -c[0], c[1], c[2], c[3]))
+    return candidates[:k]
 
 
 class _Tracer:
@@ -260,6 +289,10 @@ def top_paths(
     k > 1: the k largest path log-magnitudes, as ``kmax``). The graph is kept
     (retain_graph) so the edge weights can be read from the nodes.
 
+    k > 1 costs one viterbi walk that records the best-path tree plus one
+    kmax(k) rule run per node the enumerated paths leave (:mod:`.k_best`);
+    a graph with hooks instead takes one kmax(k)+paths walk, which runs them.
+
     Args:
         output: a scalar tensor, or any tensor with ``grad_outputs``.
         inputs: a tensor or a sequence of tensors where paths start.
@@ -292,32 +325,25 @@ def top_paths(
             "hold no data; run the forward pass on a device with data (cpu, cuda) to extract paths"
         )
     inputs = list(_as_tuple(inputs))
-    handle, kind, captured, in_graph, records, targets = _provenance_run(output, inputs, semiring, k, grad_outputs)
-    tracer = _Tracer(handle, records, model, seq_len, num_heads)
-    E = handle.origin_entries
-    # The k best of every (input, entry), read in one transfer.
-    # Entries that rank paths: every entry of a list-valued readout (kmax), else the first (max_prod's M).
-    ranked = E if handle.readout_lists_components else 1
-    smallest = handle.selects_minimum  # min_plus: the best path is the cheapest
-    keys, tops = [], []
-    for i, (value, used) in enumerate(zip(captured, in_graph)):
-        if not used or value is None:
-            continue
-        no_path = handle.zero([], value)[0]  # the zero's first entry: an element no path reaches (compared on device)
-        flat = value.reshape(value.shape[0], -1)
-        for entry in range(ranked):
-            best = torch.topk(flat[entry], min(k, flat.shape[1]), largest=not smallest)
-            keys += [(i, entry)] * best.values.numel()
-            tops.append(torch.stack((best.values.to(torch.float64), best.indices.to(torch.float64),
-                                     (best.values != no_path).to(torch.float64)), 1))
-    candidates = []  # (score, input, flat, entry)
-    if tops:
-        for (i, entry), (score, j, exists) in zip(keys, torch.cat(tops).tolist()):
-            if math.isfinite(score) and exists:
-                candidates.append((score, i, int(j), entry))
-    candidates.sort(key=lambda c: (c[0] if smallest else -c[0], c[1], c[2], c[3]))
-    candidates = candidates[:k]
-    chains = tracer.trace_all([(*targets[i], flat, entry) for _, i, flat, entry in candidates])
+    _check_path_request(semiring, k)
+    found = None
+    if k > 1 and not _C.graph_has_hooks([o for o in _as_tuple(output) if isinstance(o, torch.Tensor)]):
+        # The best-path tree (one viterbi walk), then the k best from it lazily (k_best.py); hooks run
+        # only in a walk, so a graph with hooks takes every value from a kmax+paths walk below.
+        handle, _, captured, in_graph, records, targets = _provenance_run(output, inputs, "viterbi", 1, grad_outputs)
+        tracer = _Tracer(handle, records, model, seq_len, num_heads)
+        _, seeds = _roots_and_seeds(resolve("viterbi"), _as_tuple(output), grad_outputs)
+        starts = [(i, *targets[i], flat) for _, i, flat, _ in _best_starts(handle, captured, in_graph, k)]
+        found = KBest(tracer, k, seeds).best_paths(starts)
+    if found is None:
+        handle, kind, captured, in_graph, records, targets = _provenance_run(
+            output, inputs, "kmax" if k > 1 else semiring, k, grad_outputs)
+        tracer = _Tracer(handle, records, model, seq_len, num_heads)
+        candidates = _best_starts(handle, captured, in_graph, k)
+        chains = tracer.trace_all([(*targets[i], flat, entry) for _, i, flat, entry in candidates])
+        found = [(score, i, chain) for (score, i, _, _), chain in zip(candidates, chains)]
+    kind = "kmax" if k > 1 else semiring
+    chains = [chain for _, _, chain in found]
     # Every edge weight from the nodes' own backward, read in one transfer.
     derivatives = [_local_derivative(link[6][0], link[6][1], link[6][2], link[6][3], link[5], link[2])
                    if len(link) > 6 else None for chain in chains for link in chain]
@@ -325,7 +351,7 @@ def top_paths(
     read = iter(torch.stack(present).tolist() if present else [])
     weights = iter([next(read) if d is not None else None for d in derivatives])
     paths = []
-    for rank, ((score, i, _, _), chain) in enumerate(zip(candidates, chains)):
+    for rank, (score, i, chain) in enumerate(found):
         steps = []
         for n, s, f, _, value, shape, *_ in chain:
             name, module, dims, index, token, head = tracer._label(n, s, shape, f)
@@ -456,6 +482,7 @@ def component_flow(
     branches = DEFAULT_BRANCHES if branches is None else branches
     labels = list(tensors)
     inputs = [tensors[label] for label in labels]
+    _check_path_request(semiring, 1)
     handle, kind, captured, in_graph, records, targets = _provenance_run(output, inputs, semiring, 1, grad_outputs)
     tracer = _Tracer(handle, records)
     rows, starts = [], []
