@@ -398,6 +398,46 @@ def test_count_matmul_by_row_sums(dtype, zeros):
         assert torch.equal(sr.matmul(g, w.transpose(-1, -2).contiguous().transpose(-1, -2)), want)  # strided w
 
 
+def _pruned_pair_case(kind, M, K, N, dtype, gen):
+    """max_prod's (M, m) rows: spread-out signed path products (log-scale magnitudes), ties, rows and
+    entries without a path, zero weights; and rows whose outputs are all positive (no pruning)."""
+    if kind == "ties":
+        a = torch.randint(-2, 3, (M, K), generator=gen).to(torch.float64)
+        b = torch.randint(-2, 3, (M, K), generator=gen).to(torch.float64)
+        w = torch.randint(-2, 3, (K, N), generator=gen).to(torch.float64)
+    else:
+        a = torch.randn(M, K, generator=gen, dtype=torch.float64) * (torch.randn(M, K, generator=gen) * 6).exp()
+        b = torch.randn(M, K, generator=gen, dtype=torch.float64) * (torch.randn(M, K, generator=gen) * 6).exp()
+        w = make_weights((K, N), gen, torch.float64, zeros=0.1)
+    g = torch.stack([torch.maximum(a, b), torch.minimum(a, b)])
+    if kind == "no paths":
+        empty = torch.rand(M, K, generator=gen) < 0.3
+        empty[0] = True
+        g[0][empty], g[1][empty] = -INF, INF
+        w[:, 0] = 0.0
+    if kind == "one sign":  # every product positive: θ_m is not below 0, nothing can be skipped
+        g, w = g.abs().sort(0, descending=True).values, w.abs()
+    return g.to(dtype), w.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["spread", "ties", "no paths", "one sign"])
+def test_pruned_max_prod_rows_equal_the_blocked_kernel(kind, dtype, isa, monkeypatch):
+    # max_prod's pair skips a k when max(|M_k|, |m_k|) · max over the panel of |w| is below both the panel's
+    # smallest M lower bound and minus its largest m upper bound: values bit-identical to the blocked kernel's.
+    gen = torch.Generator().manual_seed(11)
+    for M, K, N in PRUNED_SHAPES:
+        g, w = _pruned_pair_case(kind, M, K, N, dtype, gen)
+        pruned = _C.kernel_matmul("max_prod", g, w)
+        monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
+        blocked = _C.kernel_matmul("max_prod", g, w)
+        monkeypatch.delenv("TORCH_SEMIRING_GEMM_PRUNE")
+        what = f"max_prod {kind} {M}x{K}x{N}"
+        assert pruned is not None and torch.equal(pruned, blocked), what
+        want = reference("max_prod", g, w).to(dtype)
+        torch.testing.assert_close(pruned, want, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=0), what
+
+
 # viterbi's and max_abs's products by pruned rows (cpu_gemm.cpp run_pruned, K >= 256): every k whose bound
 # g ⊗ max over a 32-column panel of lift(w) is below the panel's smallest lower bound is skipped, so the
 # values and the argmax (ties to the smallest k) must be bit-identical to the blocked kernel's

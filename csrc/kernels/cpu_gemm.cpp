@@ -354,22 +354,28 @@ TS_TILE_FN void warm_fill(const Job<T>& J, const int32_t* picks, int64_t R, int6
   }
 }
 
-// ---- max-plus / max-times with the k that cannot win skipped ---------------
+// ---- max-plus / max-times / max_prod with the k that cannot win skipped -------
 //
-// viterbi's and max_abs's products (and their argmax versions) by rows: each
-// row and panel of NR columns visits only the k that can reach an output. An
-// output's maximum is at least θ, the smallest over the panel's columns of
-// the row's candidates from its picks (the largest g[m, k] of each residue
-// class k mod L: real terms, so lower bounds); a k whose bound
+// viterbi's and max_abs's products (and their argmax versions) and max_prod's
+// by rows: each row and panel of NR columns visits only the k that can reach
+// an output. An output's maximum is at least θ, the smallest over the panel's
+// columns of the row's candidates from its picks (the largest g[m, k] of each
+// residue class k mod L: real terms, so lower bounds); a k whose bound
 // g[m, k] ⊗ max_n B[k, n] (n over the panel; the column maxima are packed with
 // B, once per weight version) is below θ has every term below every output's
 // maximum, strictly, so it changes neither a value nor (ties → smallest k) an
 // argmax. Both roundings are monotone (B[k, n] ≤ max ⇒ fl(g ⊗ B[k, n]) ≤
 // fl(g ⊗ max)), so the bound holds in floating point and the result is
-// bit-identical to the blocked kernel's. The survivors are visited in
-// increasing k with the same term, in kChains interleaved accumulators (one
-// chain is bound by the max's latency), merged as ⊕ with ties to the smaller
-// k. Panels outer, rows inner, so a panel's B stays in cache for all rows.
+// bit-identical to the blocked kernel's. max_prod's pair (M, m) bounds both
+// ends at once: every term of k has |term| ≤ fl(a_k · max_n |w[k, n]|), a_k =
+// max(|M_k|, |m_k|) (the picks: the largest a_k), so k is skipped when that is
+// below both θ_M (the picks' smallest maximum, a lower bound on every M out)
+// and −θ_m (θ_m the picks' largest minimum, an upper bound on every m out) —
+// only where the panel's outputs have M > 0 > m, as a transformer's do.
+// The survivors are visited in increasing k with the same term, in kChains
+// interleaved accumulators (one chain is bound by the max's latency), merged
+// as ⊕ with ties to the smaller k. Panels outer, rows inner, so a panel's B
+// stays in cache for all rows.
 // Measured: on MiniLM-64's viterbi backward 80 % of the k are skipped; with a
 // cached weight, µs a product: 64×384×384 253 → 145, 64×1536×384 1039 → 385,
 // the decoder's 64×1376×512 1226 → 530 (a 12 × 32 tile's own bound, the
@@ -381,10 +387,12 @@ TS_TILE_FN void warm_fill(const Job<T>& J, const int32_t* picks, int64_t R, int6
 constexpr int64_t kPruneMinK = 256;
 constexpr int64_t kPruneMaxKept[2] = {1, 3};  // more than a third of the k surviving the first panel: blocked
 
-// viterbi's and max_abs's kernels (MaxPlus, MaxTimes and their instruction-choice subclasses).
-template <class Op>
+// viterbi's and max_abs's kernels (MaxPlus, MaxTimes and their instruction-choice subclasses), with or
+// without argmax; max_prod's pair without (its argmax version, for paths, keeps the blocked kernel).
+template <class Op, bool ARG>
 constexpr bool prunable() {
-  return std::is_base_of<MaxPlus, Op>::value || std::is_base_of<MaxTimes, Op>::value;
+  return std::is_base_of<MaxPlus, Op>::value || std::is_base_of<MaxTimes, Op>::value ||
+         (std::is_base_of<MaxProdPair, Op>::value && !ARG);
 }
 
 // TORCH_SEMIRING_GEMM_PRUNE=0 turns the pruned rows off (tests compare both; read per product).
@@ -434,37 +442,54 @@ TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
   constexpr int L = sizeof(V) / sizeof(T), NR = NV * L;
   constexpr int kChains = ARG ? 2 : 4;
   constexpr bool kTimes = std::is_base_of<MaxTimes, Op>::value;
+  constexpr bool kPair = std::is_base_of<MaxProdPair, Op>::value;  // max_prod: (M, m), both ends bounded
+  constexpr int C = kPair ? 2 : 1;  // components of a value
+  constexpr int kRows = kPair ? 3 : 1;  // per row of g: its components, and for the pair a_k = max(|M|, |m|)
+  static_assert(!(kPair && ARG), "max_prod's argmax product is not pruned");
+  constexpr T inf = std::numeric_limits<T>::infinity();
   using I = LaneInt<T>;
   using IV = typename VecOf<I, sizeof(V)>::type;
   const int64_t M = J.M, N = J.N, K = J.K, panels = (N + NR - 1) / NR;
   const int64_t Kv = (K + L - 1) / L * L;
-  const T zero = Op::template zero<T>(0);
   thread_local std::vector<T> scratch;
   thread_local std::vector<int32_t> survivors, all_picks;
-  scratch.resize(size_t(M * Kv));
+  scratch.resize(size_t(M * Kv * kRows));
   survivors.resize(size_t(Kv + 16));
   all_picks.resize(size_t(M * L));
   const int64_t cm_stride = colmax_stride(K);
   IV lane;
   for (int l = 0; l < L; ++l) lane[l] = I(l);
   int32_t* surv = survivors.data();
-  // Each row of g once: copied (padded with the zero), checked, its picks —
-  // the largest g of each residue class k mod L, one vector pass.
+  // Each row of g once: copied (padded: no term), checked, its picks — the
+  // largest bound key (g; the pair's a_k) of each residue class k mod L, one vector pass.
   for (int64_t m = 0; m < M; ++m) {
     const T* a = J.a + m * J.a_m;
-    T* row = scratch.data() + m * Kv;
-    if (J.a_k == 1) {
-      std::memcpy(row, a, size_t(K) * sizeof(T));
+    T* row = scratch.data() + m * Kv * kRows;
+    T* key = row + (kRows - 1) * Kv;
+    if constexpr (kPair) {
+      for (int64_t k = 0; k < K; ++k) {
+        T v[2] = {a[k * J.a_k], a[J.a_c + k * J.a_k]};
+        if (!Op::accepts(v, 2)) return Pruned::kDeclined;
+        PackMark<MaxProdPair>::pack_a(v);  // an empty value: NaN, no term (its key NaN: never survives)
+        row[k] = v[0], row[Kv + k] = v[1];
+        const T hi = std::abs(v[0]), lo = std::abs(v[1]);
+        key[k] = hi > lo ? hi : lo;
+      }
+      for (int64_t k = K; k < Kv; ++k) row[k] = row[Kv + k] = key[k] = std::numeric_limits<T>::quiet_NaN();
     } else {
-      for (int64_t k = 0; k < K; ++k) row[k] = a[k * J.a_k];
+      if (J.a_k == 1) {
+        std::memcpy(row, a, size_t(K) * sizeof(T));
+      } else {
+        for (int64_t k = 0; k < K; ++k) row[k] = a[k * J.a_k];
+      }
+      for (int64_t k = K; k < Kv; ++k) row[k] = Op::template zero<T>(0);
     }
-    for (int64_t k = K; k < Kv; ++k) row[k] = zero;
-    V top = V{} + zero;
+    V top = V{} + (kPair ? T(-1) : Op::template zero<T>(0));
     IV at = lane, fine = IV{} - 1;  // Op::accepts: g < +∞, no NaN; max_abs: g ≥ 0
     for (int64_t k0 = 0; k0 < Kv; k0 += L) {
-      const V x = load<V>(row + k0);
-      if constexpr (kTimes) fine &= (x >= T(0)) & (x < std::numeric_limits<T>::infinity());
-      else fine &= x < std::numeric_limits<T>::infinity();
+      const V x = load<V>(key + k0);
+      if constexpr (kTimes) fine &= (x >= T(0)) & (x < inf);
+      else if constexpr (!kPair) fine &= x < inf;
       const auto better = x > top;
       top = better ? x : top;
       at = better ? lane + I(k0) : at;
@@ -474,42 +499,65 @@ TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
       all_picks[m * L + l] = int32_t(at[l]);
     }
   }
+  // One term of k into a value's accumulators (acc[0 .. C)).
+  auto add_term = [](V* acc, const T* row, int64_t Kv_, int64_t k, V b) __attribute__((always_inline)) {
+    if constexpr (kPair) {
+      const T g[2] = {row[k], row[Kv_ + k]};
+      Op::update(acc, g, b);
+    } else {
+      acc[0] = max_keep(acc[0], Op::term(row[k], b));
+    }
+  };
   int64_t kept = 0;  // survivors of the first panel, all rows
   // Panels outer, rows inner: a panel's B is reused by every row while it is in cache.
   for (int64_t p = 0; p < panels; ++p) {
     for (int64_t m = 0; m < M; ++m) {
-      const T* row = scratch.data() + m * Kv;
+      const T* row = scratch.data() + m * Kv * kRows;
+      const T* key = row + (kRows - 1) * Kv;
       const int32_t* picks = all_picks.data() + m * L;
       constexpr int np = L;
       const int64_t nv = std::min<int64_t>(NR, N - p * NR);
       const T* bp = J.bpack + p * K * NR;
       // θ: the smallest over the panel's columns of the picks' best terms
-      V lower[NV];
-      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) lower[j] = V{} + zero;
+      // (the pair: also the largest of their smallest, θ_m)
+      V lower[NV][C];
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+        for (int c = 0; c < C; ++c) lower[j][c] = V{} + Op::template zero<T>(c);
+      }
       _Pragma("GCC unroll 16") for (int r = 0; r < np; ++r) {
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j)
-          lower[j] = max_keep(lower[j], Op::term(row[picks[r]], load<V>(bp + picks[r] * NR + j * L)));
+          add_term(lower[j], row, Kv, picks[r], load<V>(bp + picks[r] * NR + j * L));
       }
-      V low = V{} + std::numeric_limits<T>::infinity();
-      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j)
-        low = min_keep(low, (lane + I(j * L) < I(nv)) ? lower[j] : V{} + std::numeric_limits<T>::infinity());
-      const T theta = reduce_lanes<false>(low);
+      V low = V{} + inf, high = V{} - inf;
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+        const auto in_panel = lane + I(j * L) < I(nv);
+        low = min_keep(low, in_panel ? lower[j][0] : V{} + inf);
+        if constexpr (kPair) high = max_keep(high, in_panel ? lower[j][1] : V{} - inf);
+      }
+      T theta = reduce_lanes<false>(low);
+      if constexpr (kPair) {
+        const T theta_m = reduce_lanes<true>(high);
+        theta = -theta_m < theta ? -theta_m : theta;  // k survives if its |term| bound reaches either end
+      }
       // the survivors, in increasing k
       const V theta_v = V{} + theta;
       const T* cm = J.colmax + p * cm_stride;
       int64_t ns = 0;
       for (int64_t k0 = 0; k0 < Kv; k0 += L) {
-        const V g = load<V>(row + k0), c = load<V>(cm + k0);
-        uint32_t h = lanes_where<kAtLeast>(kTimes ? g * c : g + c, theta_v);
+        const V g = load<V>(key + k0), c = load<V>(cm + k0);
+        uint32_t h = lanes_where<kAtLeast>(kTimes || kPair ? g * c : g + c, theta_v);
         if (k0 + L > K) h &= (1u << (K - k0)) - 1;  // the padding
         ns += append_lanes<V>(surv + ns, h, int32_t(k0));
       }
       if (p == 0) kept += ns;
       // the survivors' terms, kChains interleaved chains per vector
-      V acc[kChains][NV];
+      V acc[kChains][NV][C];
       IV arg[kChains][NV];
       _Pragma("GCC unroll 4") for (int q = 0; q < kChains; ++q) {
-        _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) acc[q][j] = V{} + zero, arg[q][j] = IV{} - 1;
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+          for (int c = 0; c < C; ++c) acc[q][j][c] = V{} + Op::template zero<T>(c);
+          arg[q][j] = IV{} - 1;
+        }
       }
       int64_t s = 0;
       for (; s + kChains <= ns; s += kChains) {
@@ -517,8 +565,8 @@ TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
           const int64_t k = surv[s + q];
           _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
             const V b = load<V>(bp + k * NR + j * L);
-            if constexpr (ARG) argmax_update<Op>(acc[q][j], arg[q][j], row[k], b, IV{} + I(k));
-            else acc[q][j] = max_keep(acc[q][j], Op::term(row[k], b));
+            if constexpr (ARG) argmax_update<Op>(acc[q][j][0], arg[q][j], row[k], b, IV{} + I(k));
+            else add_term(acc[q][j], row, Kv, k, b);
           }
         }
       }
@@ -526,20 +574,23 @@ TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
         const int64_t k = surv[s];
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
           const V b = load<V>(bp + k * NR + j * L);
-          if constexpr (ARG) argmax_update<Op>(acc[0][j], arg[0][j], row[k], b, IV{} + I(k));
-          else acc[0][j] = max_keep(acc[0][j], Op::term(row[k], b));
+          if constexpr (ARG) argmax_update<Op>(acc[0][j][0], arg[0][j], row[k], b, IV{} + I(k));
+          else add_term(acc[0][j], row, Kv, k, b);
         }
       }
-      // ⊕ of the chains: the larger value; equal values to the smaller k (−1: nothing yet)
+      // ⊕ of the chains: the larger value (the pair's m: the smaller); equal values to the smaller k
+      // (−1: nothing yet)
       _Pragma("GCC unroll 4") for (int q = 1; q < kChains; ++q) {
         _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
           if constexpr (ARG) {
-            const auto take = (acc[q][j] > acc[0][j]) |
-                              ((acc[q][j] == acc[0][j]) & (arg[q][j] >= 0) & ((arg[0][j] < 0) | (arg[q][j] < arg[0][j])));
-            acc[0][j] = take ? acc[q][j] : acc[0][j];
+            const auto take = (acc[q][j][0] > acc[0][j][0]) |
+                              ((acc[q][j][0] == acc[0][j][0]) & (arg[q][j] >= 0) &
+                               ((arg[0][j] < 0) | (arg[q][j] < arg[0][j])));
+            acc[0][j][0] = take ? acc[q][j][0] : acc[0][j][0];
             arg[0][j] = take ? arg[q][j] : arg[0][j];
           } else {
-            acc[0][j] = max_keep(acc[0][j], acc[q][j]);
+            acc[0][j][0] = max_keep(acc[0][j][0], acc[q][j][0]);
+            if constexpr (kPair) acc[0][j][1] = min_keep(acc[0][j][1], acc[q][j][1]);
           }
         }
       }
@@ -547,7 +598,7 @@ TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
       int32_t* ix = J.idx ? J.idx + m * N + p * NR : nullptr;
       for (int j = 0; j < NV; ++j)
         for (int l = 0; l < L && j * L + l < nv; ++l) {
-          c[j * L + l] = acc[0][j][l];
+          for (int q = 0; q < C; ++q) c[q * J.c_c + j * L + l] = acc[0][j][q][l];
           if constexpr (ARG) ix[j * L + l] = int32_t(arg[0][j][l]);
         }
     }
@@ -568,7 +619,7 @@ TS_TILE_FN bool run_job(const Job<T>& J) {
   const int64_t M = J.M, N = J.N, K = J.K;
   const int64_t panels = (N + NR - 1) / NR;
 
-  if constexpr (prunable<Op>()) {
+  if constexpr (prunable<Op, ARG>()) {
     if (K >= kPruneMinK && prune_enabled()) {
       const Pruned r = run_pruned<Op, T, V, NV, ARG>(J);
       if (r != Pruned::kNotPaying) return r == Pruned::kDone;
@@ -1184,15 +1235,18 @@ bool pack_panels(const T* src, int64_t K, int64_t N, int64_t s_k, int64_t s_n, i
       for (int64_t n = nv; n < NR; ++n) d[n] = T(0);
     }
   }
-  if (LIFT != Lift::kMarkZeros) {  // the column maxima (max_prod's NaN-marked zeros have none)
+  {  // the column maxima of B (max_prod's: of |w|, a NaN-marked zero counting as 0), for run_pruned
     T* cm = dst + panels * K * NR;
     const int64_t stride = colmax_stride(K);
     for (int64_t p = 0; p < panels; ++p, cm += stride) {
       const int64_t nv = std::min(NR, N - p * NR);
       const T* d = dst + p * K * NR;
       for (int64_t k = 0; k < K; ++k, d += NR) {
-        T best = d[0];
-        for (int64_t n = 1; n < nv; ++n) best = d[n] > best ? d[n] : best;
+        T best = LIFT == Lift::kMarkZeros ? T(0) : d[0];
+        for (int64_t n = 0; n < nv; ++n) {
+          const T v = LIFT == Lift::kMarkZeros ? std::abs(d[n]) : d[n];
+          best = v > best ? v : best;
+        }
         cm[k] = best;
       }
       for (int64_t k = K; k < stride; ++k) cm[k] = T(0);
