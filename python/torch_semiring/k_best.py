@@ -20,7 +20,8 @@ Cost model: the viterbi provenance walk, plus one kmax(k)+paths rule run per
 (node, input edge) holding an element whose second-best path is asked for —
 the nodes along the enumerated paths (on a transformer, the residual stream's
 adds and norms), instead of a kmax(k)+paths walk of the whole graph. Host
-reads: one per element reached and one per element expanded. A graph with
+reads: one per element the enumeration reaches, one per element expanded, and
+one per step to list the k paths' links (in lockstep). A graph with
 hooks is not for this (rules run outside a walk do not run them): paths.py
 takes its k best from a kmax+paths walk.
 """
@@ -55,7 +56,7 @@ class KBest:
         self.tracer, self.k = tracer, k
         self.seeds = [s.reshape(-1) for s in seeds]  # each root's seed (viterbi: log|grad_output|)
         self.kmax = _C.make_provenance("kmax", k)
-        self.elements = {_ROOT: _Element(None, None, None, ()), }
+        self.elements = {_ROOT: _Element(None, None, None, ())}
         root = self.elements[_ROOT]
         root.best, root.paths, root.exhausted = 0.0, [(0.0, None, None, None, None)], True
         self.lists = {}  # (node key, edge) → the node's kmax(k)+paths value along that edge, (2k, numel)
@@ -64,30 +65,34 @@ class KBest:
     # ---- elements ------------------------------------------------------------------------------------------
 
     def element(self, key):
-        """The element (node key, slot, flat), with its best path read from the record (one host read)."""
+        """The element (node key, slot, flat), with its best path read from the record."""
         found = self.elements.get(key)
-        if found is not None:
-            return found
-        node_key, slot, flat = key
-        record = self.tracer.records.get((node_key, slot))
-        if record is None:
-            raise RuntimeError("torch_semiring: an element on a path has no recorded value")
-        node, values, shape, contributors, n = record
-        e = _Element(node, slot, flat, shape)
-        score, origin = torch.stack((values[0, flat], values[self.tracer.E, flat])).tolist()
-        self.elements[key] = e
-        if origin < 0 or not math.isfinite(score):
-            e.exhausted = True  # no path from here
-            return e
-        e.best = score
-        producer, edge = contributors[int(origin) % n]
-        element = int(origin) // n // self.tracer.E
-        if producer is None:
-            e.paths.append((score, None, edge, _ROOT, 0))
-        else:
-            next_slot, next_flat = self.tracer._locate(producer, element)
-            e.paths.append((score, producer, edge, (producer.key, next_slot, next_flat), 0))
-        return e
+        return found if found is not None else self.read_elements([key])[0]
+
+    def read_elements(self, keys):
+        """The elements of `keys`; those not yet known read from their records in one host transfer."""
+        missing = [key for key in dict.fromkeys(keys) if key not in self.elements]
+        E = self.tracer.E
+        picked = []
+        for node_key, slot, flat in missing:
+            record = self.tracer.records.get((node_key, slot))
+            if record is None:
+                raise RuntimeError("torch_semiring: an element on a path has no recorded value")
+            picked.append(torch.stack((record[1][0, flat], record[1][E, flat])))
+        for (node_key, slot, flat), (score, origin) in zip(missing, torch.stack(picked).tolist() if picked else []):
+            node, _, shape, contributors, n = self.tracer.records[(node_key, slot)]
+            e = self.elements[(node_key, slot, flat)] = _Element(node, slot, flat, shape)
+            if origin < 0 or not math.isfinite(score):
+                e.exhausted = True  # no path from here
+                continue
+            e.best = score
+            producer, edge = contributors[int(origin) % n]
+            if producer is None:
+                e.paths.append((score, None, edge, _ROOT, 0))
+            else:
+                next_slot, next_flat = self.tracer._locate(producer, int(origin) // n // E)
+                e.paths.append((score, producer, edge, (producer.key, next_slot, next_flat), 0))
+        return [self.elements[key] for key in keys]
 
     def _along(self, producer, edge):
         """producer's kmax(k)+paths rule along `edge`, its incoming values the best(y) of its outputs."""
@@ -125,7 +130,7 @@ class KBest:
         _, _, _, contributors, _ = self.tracer.records[(e.node.key, e.slot)]
         k = self.k
         columns, owners = [], []
-        for c, (producer, edge) in enumerate(contributors):
+        for producer, edge in contributors:
             if producer is None:
                 seed = self.seeds[edge][e.flat].to(torch.float64)
                 columns.append(torch.cat((seed.view(1), seed.new_full((k - 1,), -math.inf),
@@ -197,23 +202,25 @@ class KBest:
         [(value, input, chain)] with chain as paths._Tracer.trace_all gives it."""
         source = _Element(None, None, None, ())
         source.heap = []
+        keys = []
         for i, node, slot, flat in starts:
             node = node if isinstance(node, _C.NodeRef) else _C.NodeRef(node)
-            x = self.element((node.key, slot, flat))
+            keys.append((node.key, slot, flat))
+        for (i, *_), key, x in zip(starts, keys, self.read_elements(keys)):
             if x.paths:
-                self._push(source, x.best, False, x.best, None, i, (node.key, slot, flat), 0)
+                self._push(source, x.best, False, x.best, None, i, key, 0)
         self.elements["source"] = source
         self._need("source", self.k - 1)
-        found = []
-        for value, _, i, key, index in source.paths:
-            chain = []
-            while key is not _ROOT:
-                e = self.element(key)
-                score, producer, edge, successor, next_index = e.paths[index]
-                link = (e.node, e.slot, e.flat, index, score, e.shape)
+        # The paths' links, all paths in lockstep: one read per step for the elements not yet known.
+        walks = [[key, index, []] for _, _, _, key, index in source.paths]
+        active = list(walks)
+        while active:
+            for walk, e in zip(active, self.read_elements([walk[0] for walk in active])):
+                score, producer, edge, successor, next_index = e.paths[walk[1]]
+                link = (e.node, e.slot, e.flat, walk[1], score, e.shape)
                 if producer is not None:
                     link += ((producer, edge, successor[1], successor[2]),)
-                chain.append(link)
-                key, index = successor, next_index
-            found.append((value, i, chain))
-        return found
+                walk[2].append(link)
+                walk[0], walk[1] = successor, next_index
+            active = [walk for walk in active if walk[0] is not _ROOT]
+        return [(value, i, walk[2]) for (value, _, i, _, _), walk in zip(source.paths, walks)]
