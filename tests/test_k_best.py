@@ -130,3 +130,20 @@ def test_a_graph_with_hooks_takes_the_walk_once():
     assert len(calls) == 1  # one walk ran the hook
     calls.clear()
     assert [p.value for p in paths] == [p.value for p in assert_k_best(out, x, 4)]
+
+
+def test_a_node_rule_outside_a_walk_refuses_a_node_with_hooks():
+    # _C.run_node_rule runs no hooks, so it refuses a node that has some (top_paths never asks it to:
+    # _C.graph_has_hooks sends such graphs to the walk).
+    x = torch.tensor([1.0, 2.0], dtype=D, requires_grad=True)
+    h = x * 3
+    out = h.exp()
+    kmax = paths_module._C.make_provenance("kmax", 2)
+    value = kmax.one([2], out.detach())
+    node = paths_module._C.NodeRef(out.grad_fn)
+    assert paths_module._C.run_node_rule(kmax, node, [value], [True])[0] is not None
+    assert not paths_module._C.graph_has_hooks([out])
+    out.register_hook(lambda g: None)
+    assert paths_module._C.graph_has_hooks([out])
+    with pytest.raises(ValueError, match="ExpBackward0 has hooks"):
+        paths_module._C.run_node_rule(kmax, node, [value], [True])
