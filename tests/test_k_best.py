@@ -147,3 +147,28 @@ def test_a_node_rule_outside_a_walk_refuses_a_node_with_hooks():
     assert paths_module._C.graph_has_hooks([out])
     with pytest.raises(ValueError, match="ExpBackward0 has hooks"):
         paths_module._C.run_node_rule(kmax, node, [value], [True])
+
+
+@pytest.mark.parametrize("norm", ["layer_norm", "rms_norm"])
+def test_norm_rows_enumerated_one_row_at_a_time(norm):
+    # A norm's rule has independent rows (row_length = the normalized size), so k_best runs it on the
+    # values of the asked element's row alone; the k best paths still take second- and third-best edges
+    # inside the norm, in several rows (brute force over every path).
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(3, 2, 5, dtype=D, generator=gen).requires_grad_()
+    w = torch.randn(5, dtype=D, generator=gen)
+    if norm == "layer_norm":
+        y = torch.nn.functional.layer_norm(x, (5,), weight=w, bias=torch.randn(5, dtype=D, generator=gen))
+    else:
+        y = torch.ops.aten._fused_rms_norm(x, [5], w, 1e-6)[0] if hasattr(torch.ops.aten, "_fused_rms_norm") else None
+        if y is None or y.grad_fn is None or y.grad_fn.name() != "FusedRmsNormBackward0":
+            pytest.skip("this torch build records no FusedRmsNormBackward0 node on the CPU")
+    node = paths_module._C.NodeRef(y.grad_fn)
+    assert node.name() in ("NativeLayerNormBackward0", "FusedRmsNormBackward0")
+    assert node.row_length == 5
+    out = (y * torch.randn(3, 2, 5, dtype=D, generator=gen)).pow(2).sum()
+    assert paths_module._C.NodeRef(out.grad_fn).row_length == 0
+    for k in (4, 9):
+        assert_k_best(out, x, k)
+    paths = ts.top_paths(out, x, k=9)
+    assert len({p.steps[0].index[:-1] for p in paths}) > 1  # paths from several rows: several runs of the rule

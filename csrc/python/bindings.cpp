@@ -305,6 +305,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         }
         return out;
       })
+      // Elements per row of a rule with independent rows (RuleEntry::row_length: layer / RMS norm), else 0.
+      .def_property_readonly("row_length", [](const NodeRef& r) -> int64_t {
+        const RuleEntry* entry = find_rule(r.node->name());
+        return entry && entry->row_length ? entry->row_length(*r.node) : 0;
+      })
       // A leaf's tensor (AccumulateGrad), else None.
       .def_property_readonly("variable", [](const NodeRef& r) -> py::object {
         auto* acc = dynamic_cast<torch::autograd::AccumulateGrad*>(r.node.get());

@@ -68,6 +68,11 @@ int64_t numel_of(const std::vector<c10::SymInt>& shape) {
   for (const auto& s : shape) n *= s.expect_int();
   return n;
 }
+int64_t numel_of(const std::vector<int64_t>& shape) {  // (_fused_rms_norm's node keeps plain ints)
+  int64_t n = 1;
+  for (auto s : shape) n *= s;
+  return n;
+}
 
 std::vector<Tensor> layer_norm_rule(const RuleContext& ctx, const std::vector<Tensor>& grads) {
   TORCH_CHECK(std::all_of(grads.begin() + 1, grads.end(), [](const Tensor& t) { return !t.defined(); }), "torch_semiring: values arriving at the mean/rstd "
@@ -86,10 +91,8 @@ std::vector<Tensor> rms_norm_rule(const RuleContext& ctx, const std::vector<Tens
   auto& n = static_cast<FusedRmsNormBackward0&>(ctx.node);
   auto x = ctx.unpack(n.input_);
   auto rstd = ctx.unpack(n.result1_);
-  int64_t N = 1;
-  for (auto s : n.normalized_shape) N *= s;
-  return normalization(ctx, grads[0], x * rstd, rstd, ctx.unpack(n.weight_), N, /*centered=*/false,
-                       /*has_bias=*/false);
+  return normalization(ctx, grads[0], x * rstd, rstd, ctx.unpack(n.weight_), numel_of(n.normalized_shape),
+                       /*centered=*/false, /*has_bias=*/false);
 }
 
 // What the batch-norm rule reads off a node: native_batch_norm's and CUDA's
@@ -164,8 +167,12 @@ std::vector<Tensor> cudnn_batch_norm_rule(const RuleContext& ctx, const std::vec
 void register_normalization_rules() {
   register_rule("NativeBatchNormBackward0", batch_norm_rule, "normalization");
   register_rule("CudnnBatchNormBackward0", cudnn_batch_norm_rule, "normalization");
-  register_rule("NativeLayerNormBackward0", layer_norm_rule, "normalization");
-  register_rule("FusedRmsNormBackward0", rms_norm_rule, "normalization");
+  register_rule("NativeLayerNormBackward0", layer_norm_rule, "normalization", [](const Node& n) {
+    return numel_of(static_cast<const NativeLayerNormBackward0&>(n).normalized_shape);
+  });
+  register_rule("FusedRmsNormBackward0", rms_norm_rule, "normalization", [](const Node& n) {
+    return numel_of(static_cast<const FusedRmsNormBackward0&>(n).normalized_shape);
+  });
 }
 
 Tensor cudnn_batch_norm_node_standin(const Tensor& input, const Tensor& weight, const Tensor& bias,

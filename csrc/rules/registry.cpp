@@ -31,11 +31,12 @@ bool any_value(const std::vector<at::Tensor>& values) {
   return std::any_of(values.begin(), values.end(), [](const at::Tensor& t) { return t.defined(); });
 }
 
-void register_rule(const std::string& node_name, Rule rule, const std::string& family) {
+void register_rule(const std::string& node_name, Rule rule, const std::string& family,
+                   std::function<int64_t(const Node&)> row_length) {
   // ("collective": ⊕ across ranks, never run twice — a rank alone re-running a collective would hang the others.)
   const bool moves_values =
       family == "placement" || family == "broadcast" || family == "identity" || family == "collective";
-  table()[node_name] = RuleEntry{std::move(rule), family, moves_values};
+  table()[node_name] = RuleEntry{std::move(rule), family, moves_values, std::move(row_length)};
 }
 
 void unregister_rule(const std::string& node_name) { table().erase(node_name); }

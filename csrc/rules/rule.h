@@ -55,9 +55,16 @@ struct RuleEntry {
   // weight), so a +∞ value (an overflowed count or abs sum) passes through
   // them exactly: apply_rule skips the +∞ split for them (set from the family).
   bool moves_values = false;
+  // Rows (layer and RMS norm): the node's output 0 and input 0 (next edge 0)
+  // are rows of row_length(node) elements, and the value along edge 0 of a row
+  // depends on that row's output values alone. Unset: no such structure.
+  // Lazy k-best path enumeration (k_best.py) runs such a rule on the values of
+  // the one row it asks about, the other rows holding the zero.
+  std::function<int64_t(const Node&)> row_length;
 };
 
-void register_rule(const std::string& node_name, Rule rule, const std::string& family);
+void register_rule(const std::string& node_name, Rule rule, const std::string& family,
+                   std::function<int64_t(const Node&)> row_length = {});
 void unregister_rule(const std::string& node_name);
 const RuleEntry* find_rule(const std::string& node_name);
 std::vector<std::pair<std::string, std::string>> registered_rules();  // (node name, family)

@@ -19,7 +19,10 @@ gives them for every element of the node's input, the winners' ids naming y.
 Cost model: the viterbi provenance walk, plus one kmax(k)+paths rule run per
 (node, input edge) holding an element whose second-best path is asked for —
 the nodes along the enumerated paths (on a transformer, the residual stream's
-adds and norms), instead of a kmax(k)+paths walk of the whole graph. Host
+adds and norms), instead of a kmax(k)+paths walk of the whole graph. A node
+whose rule has independent rows (layer and RMS norm: RuleEntry::row_length)
+runs per (node, row) on that row's values alone, the others −∞: the norm
+kernels' work is per row with paths, so a token's paths cost one row, not T. Host
 reads: one per element the enumeration reaches, one per element expanded, and
 one per step to list the k paths' links (in lockstep). A graph with
 hooks is not for this (rules run outside a walk do not run them): paths.py
@@ -59,7 +62,7 @@ class KBest:
         self.elements = {_ROOT: _Element(None, None, None, ())}
         root = self.elements[_ROOT]
         root.best, root.paths, root.exhausted = 0.0, [(0.0, None, None, None, None)], True
-        self.lists = {}  # (node key, edge) → the node's kmax(k)+paths value along that edge, (2k, numel)
+        self.lists = {}  # (node key, edge, row or None) → the node's kmax(k)+paths value along that edge, (2k, numel)
         self.order = 0
 
     # ---- elements ------------------------------------------------------------------------------------------
@@ -94,9 +97,13 @@ class KBest:
                 e.paths.append((score, producer, edge, (producer.key, next_slot, next_flat), 0))
         return [self.elements[key] for key in keys]
 
-    def _along(self, producer, edge):
-        """producer's kmax(k)+paths rule along `edge`, its incoming values the best(y) of its outputs."""
-        key = (producer.key, edge)
+    def _along(self, producer, edge, flat):
+        """producer's kmax(k)+paths rule along `edge` (for the input element `flat`), its incoming values the
+        best(y) of its outputs. A rule with independent rows (producer.row_length: layer and RMS norm) runs on
+        the values of flat's row alone, the other rows holding no path (−∞): one row's candidates, not all."""
+        rows = producer.row_length if edge == 0 else 0
+        row = flat // rows if rows else None
+        key = (producer.key, edge, row)
         if key not in self.lists:
             outputs = producer.outputs
             total = sum(math.prod(shape) for shape, _, _ in outputs)
@@ -116,6 +123,11 @@ class KBest:
                     lists[0] = best
                     lists[self.k + 1:] = -1
                     torch.arange(offset, offset + best.numel(), out=lists[self.k]).mul_(self.k)
+                    if row is not None and slot == 0:  # only this row's outputs lead anywhere
+                        outside = torch.ones(best.numel(), dtype=torch.bool, device=best.device)
+                        outside[row * rows:(row + 1) * rows] = False
+                        lists[0].masked_fill_(outside, -math.inf)
+                        lists[self.k].masked_fill_(outside, -1)
                     values.append(lists.view(2 * self.k, *shape))
                 else:
                     values.append(None)
@@ -136,7 +148,7 @@ class KBest:
                 columns.append(torch.cat((seed.view(1), seed.new_full((k - 1,), -math.inf),
                                           seed.new_zeros(1), seed.new_full((k - 1,), -1.0))))
             else:
-                lists = self._along(producer, edge)
+                lists = self._along(producer, edge, e.flat)
                 if lists is None:
                     continue
                 columns.append(lists[:, e.flat].to(torch.float64))
