@@ -323,3 +323,29 @@ def test_infinite_sums(semiring, norm_pass):
             want[r, j] = total
     assert want[0, 1] != math.inf  # x = 2 and −0.5: no edge between them
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("semiring", ["viterbi", "max_abs"])
+@pytest.mark.parametrize("kind", ROW_KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pruned_max_rows_equal_the_pair_pass(semiring, kind, dtype, isa, monkeypatch):
+    """max_abs's and viterbi's direct rows from 64 elements skip the i whose bound w_i·(1 + |x_i|·X_g) cannot
+    reach their |x|-group's smallest picked output (norm_rows.cpp PrunedMaxPass): the same values as the pair
+    pass over every pair (TORCH_SEMIRING_NORM_PRUNE=0), bit for bit — spread-out weights (most i skipped),
+    weights of one size (few), rows without paths, zero weights at 1 + x_i x_j = 0, outliers."""
+    monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", "direct")
+    sr = make(semiring)
+    g = torch.Generator().manual_seed(zlib.crc32(f"pruned-max/{semiring}/{kind}".encode()))
+    for N in (64, 150, 384, 700):
+        x = rows_of(kind, 4, N, g).to(dtype)
+        for spread in (0.5, 30.0):
+            a = random_value(sr, (4, N), g, spread).to(dtype)
+            if spread > 1:
+                a[:, 1] = sr.zero([N], x)  # a row without paths
+                a[:, 2, ::5] = sr.zero([(N + 4) // 5], x)
+            monkeypatch.setenv("TORCH_SEMIRING_NORM_PRUNE", "0")
+            pair = sr.norm_offdiagonal(a, x)
+            monkeypatch.setenv("TORCH_SEMIRING_NORM_PRUNE", "1")
+            pruned = sr.norm_offdiagonal(a, x)
+            torch.testing.assert_close(pruned, pair, rtol=0, atol=0, equal_nan=True,  # (+∞ weights: the generic path)
+                                       msg=lambda m: f"{semiring}/{kind}/{dtype}/N={N}/spread {spread}: {m}")

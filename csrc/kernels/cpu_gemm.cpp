@@ -406,27 +406,6 @@ bool prune_enabled() {
   return !(v && std::strcmp(v, "0") == 0);
 }
 
-// Writes base + l for each set bit l of h (at most 16) to out, in increasing l;
-// returns how many. AVX-512: one compress and a store of all 16 lanes (out
-// needs room for 16), no branch per bit.
-template <class V>
-TS_TILE_FN int append_lanes(int32_t* out, uint32_t h, int32_t base) {
-#if defined(__x86_64__)
-  if constexpr (sizeof(V) == 64) {  // (asm: an intrinsic would not inline into this untargeted template)
-    using I16 = VecOf<int32_t, 64>::type;
-    const I16 ids = I16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + base;
-    const unsigned short k = static_cast<unsigned short>(h);
-    I16 packed;  // compressed in a register, then one plain store (a compressing store to memory is microcoded)
-    asm("vpcompressd %[ids], %[packed]%{%[k]%}%{z%}" : [packed] "=v"(packed) : [ids] "v"(ids), [k] "Yk"(k));
-    std::memcpy(out, &packed, sizeof(packed));
-    return __builtin_popcount(h);
-  }
-#endif
-  int n = 0;
-  for (; h; h &= h - 1) out[n++] = base + __builtin_ctz(h);
-  return n;
-}
-
 // The largest (Max) or smallest lane of v: halving shuffles down to 4 lanes, then those.
 template <bool Max, class V>
 TS_TILE_FN auto reduce_lanes(V v) {

@@ -1,8 +1,9 @@
 // GCC vector types and the few helpers the CPU kernels share (cpu_gemm.cpp,
-// attention_blocks.cpp): V = VecOf<T, Bytes>::type is Bytes/sizeof(T) lanes
+// attention_blocks.cpp, norm_rows.cpp): V = VecOf<T, Bytes>::type is Bytes/sizeof(T) lanes
 // of T; LaneInt<T> is the integer with T's width (comparison masks, bit
 // tricks); load/store move a vector to and from unaligned memory; any_greater
-// and lanes_where turn a lane-wise compare into a bool or a bit mask. CPU only
+// and lanes_where turn a lane-wise compare into a bool or a bit mask, and
+// append_lanes a bit mask into the indices of its set bits. CPU only
 // (tile_arithmetic.h holds what CUDA shares).
 #pragma once
 
@@ -92,13 +93,38 @@ TS_TILE_FN uint32_t lanes_where(V x, V y) {
     return k;
   }
 #endif
-  const auto m = [&] {
-    if constexpr (Cmp == kGreater) return x > y;
-    else return x >= y;
-  }();
+  // (no lambda here: one would be emitted out of line for the baseline ISA and take a wider vector
+  // than that ISA passes — a crash from an AVX2 caller)
   uint32_t bits = 0;
-  for (int l = 0; l < L; ++l) bits |= uint32_t(m[l] != 0) << l;
+  if constexpr (Cmp == kGreater) {
+    const auto m = x > y;
+    for (int l = 0; l < L; ++l) bits |= uint32_t(m[l] != 0) << l;
+  } else {
+    const auto m = x >= y;
+    for (int l = 0; l < L; ++l) bits |= uint32_t(m[l] != 0) << l;
+  }
   return bits;
+}
+
+// Writes base + l for each set bit l of h (at most 16) to out, in increasing l;
+// returns how many. AVX-512: one compress and a store of all 16 lanes (out
+// needs room for 16), no branch per bit.
+template <class V>
+TS_TILE_FN int append_lanes(int32_t* out, uint32_t h, int32_t base) {
+#if defined(__x86_64__)
+  if constexpr (sizeof(V) == 64) {  // (asm: an intrinsic would not inline into this untargeted template)
+    using I16 = VecOf<int32_t, 64>::type;
+    const I16 ids = I16{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} + base;
+    const unsigned short k = static_cast<unsigned short>(h);
+    I16 packed;  // compressed in a register, then one plain store (a compressing store to memory is microcoded)
+    asm("vpcompressd %[ids], %[packed]%{%[k]%}%{z%}" : [packed] "=v"(packed) : [ids] "v"(ids), [k] "Yk"(k));
+    std::memcpy(out, &packed, sizeof(packed));
+    return __builtin_popcount(h);
+  }
+#endif
+  int n = 0;
+  for (; h; h &= h - 1) out[n++] = base + __builtin_ctz(h);
+  return n;
 }
 
 }  // namespace torch_semiring::kernels

@@ -50,7 +50,14 @@
 //           float32 or 384 float64 elements: the direct pair pass with maxima (max_prod: maxima and
 //           minima of M_i y and m_i y over the edges) instead of sums, O(N²/L)
 //           (N = 384: 12.5 vs 17.8 µs a row for max_abs, 14.6 vs 17.3 for
-//           viterbi, 24.2 vs 32.1 for max_prod; float32, AVX-512).
+//           viterbi, 24.2 vs 32.1 for max_prod; float32, AVX-512). max_abs's
+//           and viterbi's rows of 64 or more take its terms only from the i
+//           that can reach a maximum (PrunedMaxPass: queries grouped by |x|,
+//           each group's outputs bounded below by a few picked terms, an i
+//           skipped where w_i(1 + |x_i|·max_group|x|) is below that bound):
+//           the same values, bit for bit; 4.5 % of the terms on MiniLM-64's
+//           layer norms, their rule ~25 % faster (the rest of a row's cost is
+//           its exp / log / conversions).
 //   max, longer rows or with winners (path tracking):
 //           O(N log N) — the upper envelope of the 2N lines ±w_i(1 + x_i t)
 //           (max_prod: M_i(1 + x_i t), m_i(1 + x_i t)), evaluated at the sorted
