@@ -506,8 +506,8 @@ struct PrunedMaxPass {
     T* out = out_rows[0];
     thread_local std::vector<T> buffer;  // per group, padded to whole vectors: x, index (as T), outputs
     thread_local std::vector<int32_t> survivor_buffer;
-    // the groups' sizes from one vector pass (how many |x| reach each edge), then each j
-    // placed by a branch-free group index (a group's bound: its upper edge; the last's, max|x|)
+    // the groups' sizes from one vector pass (how many |x| reach each edge; a group's bound: its
+    // upper edge, the last's max|x|), then each group's j by compares and a compress
     int64_t at_least[G] = {};  // at_least[e]: how many |x| ≥ kEdges[e − 1] (at_least[0] = n)
     V top = V{};
     for (int64_t j0 = 0; j0 < n; j0 += L) {
@@ -527,30 +527,39 @@ struct PrunedMaxPass {
     start[0] = 0;
     for (int g = 0; g < G; ++g) start[g + 1] = start[g] + (count[g] + L - 1) / L * L, fill[g] = start[g];
     buffer.resize(3 * start[G]);
-    survivor_buffer.resize(n + 16);
+    survivor_buffer.resize(std::max(n, start[G]) + 16);
     T* const gx = buffer.data();  // (raw pointers: a thread_local's address is looked up at each use in a .so)
     T* const gi = gx + start[G];
     T* const go = gi + start[G];
     int32_t* const survivors = survivor_buffer.data();
-    std::fill(gx, gx + start[G], T(0));
-    std::fill(gi, gi + start[G], T(-1));
-    for (int64_t j = 0; j < n; ++j) {
-      const T ax = std::abs(x[j]);
-      int g = 0;
-      for (int e = 0; e < G - 1; ++e) g += ax >= T(kEdges[e]);
-      const int64_t at = fill[g]++;
-      gx[at] = x[j], gi[at] = T(j);
+    // (the indices go into `survivors`, free until the survivors are picked; then their x and index gathered)
+    int32_t* const members = survivors;
+    for (int g = 0; g < G; ++g)  // one group at a time: a compress's 16-lane store spills only into later groups
+      for (int64_t j0 = 0; j0 < n; j0 += L) {
+        const V ax = abs_lanes<T>(load<V>(x + j0));
+        uint32_t here = j0 + L > n ? (1u << (n - j0)) - 1 : (1u << L) - 1;
+        if (g > 0) here &= lanes_where<kAtLeast>(ax, V{} + T(kEdges[g - 1]));
+        if (g + 1 < G) here &= lanes_where<kLess>(ax, V{} + T(kEdges[g]));
+        fill[g] += append_lanes<V>(members + fill[g], here, int32_t(j0));
+      }
+    for (int g = 0; g < G; ++g) {
+      for (int64_t a = start[g]; a < fill[g]; ++a) gx[a] = x[members[a]], gi[a] = T(members[a]);
+      for (int64_t a = fill[g]; a < start[g + 1]; ++a) gx[a] = T(0), gi[a] = T(-1);  // pad lanes
     }
     // the picks: the P largest w_i·(1 + |x_i|·max|x|)
     int64_t pick[P];
     T key[P];
     int np = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      const T k = w[i] * (T(1) + std::abs(x[i]) * xmax);
-      if (np == P && !(k > key[P - 1])) continue;
-      int q = np < P ? np++ : P - 1;
-      for (; q > 0 && key[q - 1] < k; --q) key[q] = key[q - 1], pick[q] = pick[q - 1];
-      key[q] = k, pick[q] = i;
+    for (int64_t i0 = 0; i0 < n; i0 += L) {  // a vector none of whose keys beats the P-th is passed over whole
+      const V kv = load<V>(w + i0) * (T(1) + abs_lanes<T>(load<V>(x + i0)) * xmax);
+      if (np == P && !any_greater(kv, V{} + key[P - 1])) continue;
+      for (int l = 0; l < L && i0 + l < n; ++l) {
+        const T k = kv[l];
+        if (np == P && !(k > key[P - 1])) continue;
+        int q = np < P ? np++ : P - 1;
+        for (; q > 0 && key[q - 1] < k; --q) key[q] = key[q - 1], pick[q] = pick[q - 1];
+        key[q] = k, pick[q] = i0 + l;
+      }
     }
     for (int g = 0; g < G; ++g) {
       if (count[g] == 0) continue;
