@@ -828,6 +828,16 @@ TS_CPU_CLONES void convert_row(const float* src, float* dst, int64_t n) { conver
 // Whether every value of a row is finite / below +∞ / ≥ 0 / not NaN (NaN fails
 // each): one vectorised and-reduction per kind, over ints (a bool reduction
 // stays scalar), no branch per element.
+// Whether some output of a row may be suspect (see `suspect`): its check as
+// one vectorised or-reduction, with a margin of 2^-40 so that no suspect
+// output passes it; a row where it finds one checks each output exactly.
+TS_CPU_CLONES bool any_suspect(const double* sum, const double* x, int64_t n, double xmax, double guard) {
+  const double scale = guard * double(n) * (1.0 + 0x1p-40);
+  int bad = 0;
+  for (int64_t j = 0; j < n; ++j)
+    bad |= int(!(sum[j] >= scale * (1.0 + xmax * std::abs(x[j])))) | int(!(std::abs(sum[j]) < kInf));
+  return bad != 0;
+}
 TS_CPU_CLONES bool all_finite(const double* v, int64_t n) {
   int ok = 1;
   for (int64_t i = 0; i < n; ++i) ok &= int(std::abs(v[i]) < kInf);  // false for ±∞ and NaN
@@ -1773,8 +1783,9 @@ at::Tensor logsumexp_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
     if (direct) direct_row<AbsTerm>(single, xr, wv, ov, n);
     else row.run(xr, n, wv, ov, false);
     log_shifted(S.data(), sc.top, o[0], n);
-    for (int64_t j = 0; j < n; ++j)
-      if (suspect(S[j], n, sc.xmax, xr[j], guard)) o[0][j] = exact_log_sum(ar, nullptr, xr, n, j).first;
+    if (any_suspect(S.data(), xr, n, sc.xmax, guard))
+      for (int64_t j = 0; j < n; ++j)
+        if (suspect(S[j], n, sc.xmax, xr[j], guard)) o[0][j] = exact_log_sum(ar, nullptr, xr, n, j).first;
   });
   return out.empty() ? at::Tensor() : out[0];
 }
@@ -1872,13 +1883,15 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
       env.new_row(xr, n);
       env.best_of(alpha.data(), 1.0, best.data(), who);
     }
-    if (log_space) log_shifted(best.data(), sc.top, o[0], n);
-    for (int64_t j = 0; j < n; ++j) {
-      if (!log_space) {
+    if (log_space) {
+      log_shifted(best.data(), sc.top, o[0], n);
+      if (any_suspect(best.data(), xr, n, sc.xmax, guard))
+        for (int64_t j = 0; j < n; ++j)
+          if (suspect(best[j], n, sc.xmax, xr[j], guard)) o[0][j] = exact_log_max(wr, xr, n, j, &who[j]);
+    } else {
+      for (int64_t j = 0; j < n; ++j) {
         if (!(best[j] > 0)) best[j] = 0.0, who[j] = -1;  // no edge: the zero of max_abs
         o[0][j] = best[j];
-      } else if (suspect(best[j], n, sc.xmax, xr[j], guard)) {
-        o[0][j] = exact_log_max(wr, xr, n, j, &who[j]);
       }
     }
   });
