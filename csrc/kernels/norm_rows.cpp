@@ -838,6 +838,30 @@ TS_CPU_CLONES bool any_suspect(const double* sum, const double* x, int64_t n, do
     bad |= int(!(sum[j] >= scale * (1.0 + xmax * std::abs(x[j])))) | int(!(std::abs(sum[j]) < kInf));
   return bad != 0;
 }
+// A row's largest value (−∞ for none; rows are checked for NaN before) or largest |x|: 8 lanes of
+// selects (v > m ? v : m, which vmaxpd computes exactly; GCC does not vectorise the scalar form of
+// this reduction without -ffinite-math-only), then the lanes and the tail.
+template <bool ABS>
+inline __attribute__((always_inline)) double row_max_impl(const double* v, int64_t n) {
+  using V8 = VecOf<double, 64>::type;
+  const double start = ABS ? 0.0 : -kInf;
+  V8 m = V8{} + start;
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    V8 x = load<V8>(v + i);
+    if (ABS) x = x < 0 ? -x : x;
+    m = x > m ? x : m;
+  }
+  double best = start;
+  for (int l = 0; l < 8; ++l) best = m[l] > best ? m[l] : best;
+  for (; i < n; ++i) {
+    const double x = ABS ? std::abs(v[i]) : v[i];
+    best = x > best ? x : best;
+  }
+  return best;
+}
+TS_CPU_CLONES double row_max(const double* v, int64_t n) { return row_max_impl<false>(v, n); }
+TS_CPU_CLONES double row_max_abs(const double* v, int64_t n) { return row_max_impl<true>(v, n); }
 TS_CPU_CLONES bool all_finite(const double* v, int64_t n) {
   int ok = 1;
   for (int64_t i = 0; i < n; ++i) ok &= int(std::abs(v[i]) < kInf);  // false for ±∞ and NaN
@@ -1642,11 +1666,7 @@ double exact_log_max(const double* a, const double* x, int64_t n, int64_t j, int
 struct RowScale {
   double top, xmax;
 };
-RowScale scale_of(const double* a, const double* x, int64_t n) {
-  RowScale s{-kInf, 0.0};
-  for (int64_t i = 0; i < n; ++i) s.top = std::max(s.top, a[i]), s.xmax = std::max(s.xmax, std::abs(x[i]));
-  return s;
-}
+RowScale scale_of(const double* a, const double* x, int64_t n) { return {row_max(a, n), row_max_abs(x, n)}; }
 bool suspect(double sum, int64_t n, double xmax, double t, double guard = kUnderflowGuard) {
   return !(sum >= guard * double(n) * (1.0 + xmax * std::abs(t))) || !std::isfinite(sum);
 }
