@@ -991,7 +991,11 @@ bool attention_value_blocks(const Semiring& sr, const Tensor& g, const Tensor& v
   // |W| ≤ max P·|Δ| and |J| ≤ S·max|W|·max|k|, all finite.
   const double largest = g.scalar_type() == at::kFloat ? std::numeric_limits<float>::max()
                                                        : std::numeric_limits<double>::max();
-  auto peak = [](const Tensor& t) { return t.abs().max().item<double>(); };  // NaN propagates
+  auto peak = [](const Tensor& t) {  // max |t| in one pass without an |t| temporary; NaN propagates (to both)
+    auto [low, high] = at::aminmax(t);
+    const double lo = low.item<double>(), hi = high.item<double>();
+    return std::isnan(lo) ? lo : std::max(-lo, hi);
+  };
   const double W_max = (peak(v) + peak(out)) * std::max(1.0, peak(P));
   if (!(std::isfinite(W_max) && W_max * std::max(1.0, double(S) * peak(k)) < 0.25 * largest)) return false;
   auto gc = g.contiguous();
