@@ -261,6 +261,35 @@ def test_layer_norm_matches_reference(semiring, kind):
         assert_values_equal(a, e, semiring, f"layer norm ({kind})/{semiring}/{name}")
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+@pytest.mark.parametrize("weighted", ["weight", "no weight", "2-d shape"])
+def test_layer_norm_fused_weights_equal_the_aten_expressions(weighted, dtype, monkeypatch):
+    # The layer-norm rule's x̂ and row weights come from one fused pass
+    # (normalization.cpp, layer_norm_weights); TORCH_SEMIRING_FUSED_NORM_WEIGHTS=0
+    # takes the ATen expressions. Each op is rounded as ATen rounds it, so every
+    # semiring's values agree bit for bit — on real rows with outliers, a zero
+    # scale, and MiniLM's width.
+    g = torch.Generator().manual_seed(11)
+    N, shape = (384, (384,)) if weighted != "2-d shape" else (12, (3, 4))
+    x = torch.randn(2, 5, N, generator=g, dtype=dtype)
+    x[0, 1, 7] = 40.0  # an outlier
+    x = x.reshape(2, 5, *shape).requires_grad_()
+    w = None if weighted == "no weight" else torch.randn(*shape, generator=g, dtype=dtype) * 2
+    if w is not None:
+        w.view(-1)[3] = 0.0
+    b = torch.randn(*shape, generator=g, dtype=dtype)
+    out = F.layer_norm(x, shape, w, b)
+    out = (out * torch.randn(out.shape, generator=g, dtype=dtype)).sum()
+    for name in ["real", "abs", "count", "viterbi", "max_abs", "log", "entropy", "max_prod", "kmax"]:
+        params = {"k": 3} if name == "kmax" else {}
+        monkeypatch.setenv("TORCH_SEMIRING_FUSED_NORM_WEIGHTS", "0")
+        (by_aten,) = ts.grad(out, [x], semiring=name, retain_graph=True, **params)
+        monkeypatch.delenv("TORCH_SEMIRING_FUSED_NORM_WEIGHTS")
+        (fused,) = ts.grad(out, [x], semiring=name, retain_graph=True, **params)
+        assert torch.equal(fused.nan_to_num(), by_aten.nan_to_num()), f"{name} ({weighted}, {dtype})"
+        assert torch.equal(fused.isnan(), by_aten.isnan()), f"{name} ({weighted}, {dtype})"
+
+
 @pytest.mark.parametrize("semiring", SEMIRING_NAMES)
 def test_rms_norm_matches_reference(semiring):
     g = torch.Generator().manual_seed(5)
