@@ -83,14 +83,14 @@ Loop pick_loop(Fused op, bool pair, int64_t components) {
 }
 
 using ShiftedRow = void (*)(const double*, double, double*, int64_t);
-template <bool Log>
+template <bool Log, bool Single>
 ShiftedRow pick_shifted_row() {
   const std::string isa = kernel_isa();
 #if defined(__x86_64__) || defined(__i386__)
-  if (isa == "avx512") return &avx512::shifted_row<Log>;
-  if (isa == "avx2") return &avx2::shifted_row<Log>;
+  if (isa == "avx512") return Single ? &avx512::shifted_row_single<Log> : &avx512::shifted_row<Log>;
+  if (isa == "avx2") return Single ? &avx2::shifted_row_single<Log> : &avx2::shifted_row<Log>;
 #endif
-  return &portable::shifted_row<Log>;
+  return Single ? &portable::shifted_row_single<Log> : &portable::shifted_row<Log>;
 }
 
 bool applies(const std::vector<at::Tensor>& operands) {
@@ -187,8 +187,12 @@ bool kmax_reduce_rows(const T* a, int64_t a_c, const std::vector<int64_t>& kept,
 
 }  // namespace
 
-void exp_shifted(const double* a, double shift, double* out, int64_t n) { pick_shifted_row<false>()(a, shift, out, n); }
-void log_shifted(const double* a, double shift, double* out, int64_t n) { pick_shifted_row<true>()(a, shift, out, n); }
+void exp_shifted(const double* a, double shift, double* out, int64_t n, bool in_float) {
+  (in_float ? pick_shifted_row<false, true>() : pick_shifted_row<false, false>())(a, shift, out, n);
+}
+void log_shifted(const double* a, double shift, double* out, int64_t n, bool in_float) {
+  (in_float ? pick_shifted_row<true, true>() : pick_shifted_row<true, false>())(a, shift, out, n);
+}
 
 at::Tensor kmax_reduce(const at::Tensor& a, at::IntArrayRef dims, int64_t k, bool with_ids) {
   if (k < 1 || !a.defined() || a.dim() < 1 || a.size(0) != (with_ids ? 2 * k : k) || !applies({a})) return {};

@@ -1796,13 +1796,13 @@ at::Tensor logsumexp_rows(const at::Tensor& a_in, const at::Tensor& x_in) {
       std::fill(o[0], o[0] + n, -kInf);
       return;
     }
-    exp_shifted(ar, sc.top, A.data(), n);
+    exp_shifted(ar, sc.top, A.data(), n, direct && single);  // float lanes where the pass is in float
     const double guard = direct ? flush_for_direct(A, n, single) : kUnderflowGuard;
     const double* wv[] = {A.data()};
     double* ov[] = {S.data()};
     if (direct) direct_row<AbsTerm>(single, xr, wv, ov, n);
     else row.run(xr, n, wv, ov, false);
-    log_shifted(S.data(), sc.top, o[0], n);
+    log_shifted(S.data(), sc.top, o[0], n, single);  // (the result is rounded to float)
     if (any_suspect(S.data(), xr, n, sc.xmax, guard))
       for (int64_t j = 0; j < n; ++j)
         if (suspect(S[j], n, sc.xmax, xr[j], guard)) o[0][j] = exact_log_sum(ar, nullptr, xr, n, j).first;
@@ -1828,7 +1828,7 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
       std::fill(oh, oh + n, 0.0);
       return;
     }
-    exp_shifted(lr, sc.top, A.data(), n);
+    exp_shifted(lr, sc.top, A.data(), n, direct && single);
     const double guard = direct ? flush_for_direct(A, n, single) : kUnderflowGuard;
     for (int64_t i = 0; i < n; ++i) Ah[i] = A[i] == 0 ? 0.0 : A[i] * hr[i];
     if (direct) {  // Z, Σ A h |y| and Σ A φ(y) in one pass
@@ -1844,7 +1844,7 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
       direct_row<PhiTerm>(single, xr, wf, of, n);
     }
     // R = Σ A|y|(h − log|y|) = Q − F;  ℓ = top + log Z,  h = R/Z.
-    log_shifted(Z.data(), sc.top, ol, n);
+    log_shifted(Z.data(), sc.top, ol, n, single);
     for (int64_t j = 0; j < n; ++j) {
       if (suspect(Z[j], n, sc.xmax, xr[j], guard)) {
         auto e = exact_log_sum(lr, hr, xr, n, j);
@@ -1886,7 +1886,7 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
     const double* lin = wr;  // linear-space weights
     double guard = kUnderflowGuard;
     if (log_space) {
-      exp_shifted(wr, sc.top, linear.data(), n), lin = linear.data();
+      exp_shifted(wr, sc.top, linear.data(), n, direct && single), lin = linear.data();
       if (direct) guard = flush_for_direct(linear, n, single);  // a dropped weight never beats a kept maximum
     }
     if (direct) {  // the max over the pairs; weights ≤ 0 and non-edges give 0, "no path"
@@ -1904,7 +1904,7 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
       env.best_of(alpha.data(), 1.0, best.data(), who);
     }
     if (log_space) {
-      log_shifted(best.data(), sc.top, o[0], n);
+      log_shifted(best.data(), sc.top, o[0], n, single);
       if (any_suspect(best.data(), xr, n, sc.xmax, guard))
         for (int64_t j = 0; j < n; ++j)
           if (suspect(best[j], n, sc.xmax, xr[j], guard)) o[0][j] = exact_log_max(wr, xr, n, j, &who[j]);
@@ -2074,7 +2074,7 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
         for (int64_t j = 0; j < n; ++j) put(c, j, -kInf, -1);
       return;
     }
-    for (int64_t c = 0; c < K; ++c) exp_shifted(in[c], top_score, linear.data() + c * n, n);
+    for (int64_t c = 0; c < K; ++c) exp_shifted(in[c], top_score, linear.data() + c * n, n, lanes && single);
     double guard = kUnderflowGuard;
     if (lanes) {
       guard = flush_for_direct(linear, K * n, single);
@@ -2092,7 +2092,7 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
       top.run(candidates, /*abs_lines=*/true, K, K, xr, n, by_query.data(), std::numeric_limits<int64_t>::max(),
               best.data(), tags.data());
     }
-    log_shifted(best.data(), top_score, logs.data(), K * n);
+    log_shifted(best.data(), top_score, logs.data(), K * n, single);
     for (int64_t j = 0; j < n; ++j) {
       const double t = xr[j];
       // Underflow guard: the K-th slot may miss candidates whose e^{a − top}

@@ -86,7 +86,12 @@
 // Log-space inputs are shifted by the row maximum into linear space (float64
 // inside, whatever the input dtype); an output whose surviving mass does not
 // dominate what underflow may have dropped is recomputed exactly in log space
-// (O(N) for that output).
+// (O(N) for that output). On float32 rows the shift's exponentials (where the
+// direct pass follows, which runs in float and drops weights below 2^-100
+// anyway) and the results' logarithms are taken in float lanes (≤ 2 ulp of
+// float, exp's argument rounded to float: outputs within ~4 float ulps of the
+// float64 lanes' on MiniLM): on MiniLM-64's norms 10–25 % of viterbi's, log's
+// and kmax's row cost.
 //
 // Every function takes CPU tensors of shape (R, N) (float32 or float64, one
 // dtype for all; x finite) and returns results of that shape and dtype (each
