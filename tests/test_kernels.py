@@ -9,6 +9,7 @@ operands, −∞ and 0 entries, and run on every instruction set this CPU has.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -161,30 +162,49 @@ BAD_G = {
 }
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("name", KERNEL_SEMIRINGS)
-def test_kernel_declines_bad_values_anywhere(name, isa):
+def test_kernel_declines_bad_values_anywhere(name, dtype, isa):
     """The range checks ride on the packing of g (max kernels) or on the
     shifts (log/entropy): a bad entry deep inside g — past the first k block
-    and the first row strips, in one batch entry — makes the kernel decline,
-    and the semiring's matmul still answers (by the generic path)."""
+    in the last, partial row strip (packed entry by entry), or inside a full
+    strip (kmax(4): packed a vector of k-steps at a time), in one batch entry
+    — makes the kernel decline, and the semiring's matmul still answers (by
+    the generic path)."""
     gen = torch.Generator().manual_seed(21)
-    g = make_value(name, (2, 40, 300), gen, torch.float64, with_empty=False)
-    w = make_weights((300, 33), gen, torch.float64)
+    g = make_value(name, (2, 40, 300), gen, dtype, with_empty=False)
+    w = make_weights((300, 33), gen, dtype)
     assert _C.kernel_matmul(name, g, w) is not None
     sr = _C.make_semiring(name, components(name))
-    for comp, bad in BAD_G[name]:
+    for (batch, m, k), (comp, bad) in itertools.product([(1, 37, 290), (0, 8, 100)], BAD_G[name]):
         b = g.clone()
         if name == "kmax" and comp == 0:
-            b[:, 1, 37, 290] = bad  # the whole list, so that it stays descending
+            b[:, batch, m, k] = bad  # the whole list, so that it stays descending
         else:
-            b[comp, 1, 37, 290] = bad
-        assert _C.kernel_matmul(name, b, w) is None, (comp, bad)
+            b[comp, batch, m, k] = bad
+        assert _C.kernel_matmul(name, b, w) is None, (comp, bad, m, k)
         out = sr.matmul(b, w)
         assert out.shape == (components(name), 2, 40, 33)
     # a non-finite weight in one entry of a batched w
-    wb = make_weights((2, 300, 33), gen, torch.float64)
+    wb = make_weights((2, 300, 33), gen, dtype)
     wb[1, 150, 7] = -INF
     assert _C.kernel_matmul(name, g, wb) is None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kmax4_vector_packing_declines_bad_entries(dtype, isa):
+    """kmax(4) packs full row strips a vector of k-steps at a time, its range
+    check a lane compare: a NaN or +∞ at the first, a middle and the last lane
+    of a vector, in any component, makes the kernel decline; clean values give
+    the reference's lists bit for bit."""
+    gen = torch.Generator().manual_seed(22)
+    g = make_value("kmax", (24, 200), gen, dtype, with_empty=False, k=4)
+    w = make_weights((200, 40), gen, dtype)
+    assert torch.equal(_C.kernel_matmul("kmax", g, w), kmax_reference_same_dtype(g, w))
+    for k, comp, bad in [(0, 0, INF), (16, 0, math.nan), (23, 3, math.nan), (47, 2, INF), (191, 1, math.nan)]:
+        b = g.clone()
+        b[comp:, 7, k] = bad  # this entry and those after it, so the list stays descending
+        assert _C.kernel_matmul("kmax", b, w) is None, (k, comp, bad)
 
 
 def test_max_prod_kernel_declines_inverted_pairs():

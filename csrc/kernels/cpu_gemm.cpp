@@ -229,11 +229,11 @@ using MarkingOf = typename std::conditional<std::is_base_of<MaxProdPair, Op>::va
 // lists shorter than KP) with the zero. Every present entry is checked with
 // Op::accepts and marked (PackMark); returns false if one is rejected.
 template <class Op, class T, int MR>
-TS_TILE_FN bool pack_a_strip(const Job<T>& J, int64_t r0, int64_t k0, int64_t kc, T* dst) {
+TS_TILE_FN bool pack_a_strip(const Job<T>& J, int64_t r0, int64_t k0, int64_t kc, T* dst, int64_t from = 0,
+                             bool ok = true) {
   constexpr int C = Op::kComponents;
   const int64_t comps = J.a_components;
-  bool ok = true;
-  for (int64_t k = 0; k < kc; ++k) {
+  for (int64_t k = from; k < kc; ++k) {
     for (int i = 0; i < MR; ++i) {
       T* d = dst + (k * MR + i) * C;
       const int64_t m = r0 + i;
@@ -248,6 +248,71 @@ TS_TILE_FN bool pack_a_strip(const Job<T>& J, int64_t r0, int64_t k0, int64_t kc
     }
   }
   return ok;
+}
+
+// kmax(4)'s strips, L k-steps at a time (contiguous k, a full strip, all four
+// components present): four vector loads per row, a 4 × L transpose in two
+// rounds of two-source shuffles, and L stores of the (k, component) quads —
+// where the scalar loop above made 4·L strided loads, 4·L stores and 4·L
+// compares (15 % of MiniLM-64's kmax(4) kernel in perf). The check is kmax's
+// accepts (every score < +∞; NaN fails) as a lane compare. Returns the k-steps
+// packed (a multiple of L; the scalar loop does the rest) and clears `ok` on
+// a rejected entry.
+template <class Op, class T, class V, int MR>
+TS_TILE_FN int64_t pack_a_strip_lanes(const Job<T>& J, int64_t r0, int64_t k0, int64_t kc, T* dst, bool& ok) {
+  constexpr int L = sizeof(V) / sizeof(T);
+  if constexpr (has_segments<Op>::value && Op::kComponents == 4 && (L == 16 || L == 8)) {
+    if (J.a_k != 1 || J.a_components != 4 || r0 + MR > J.M) return 0;
+    const V inf = V{} + std::numeric_limits<T>::infinity();
+    auto below_inf = V{} < inf;  // all lanes true
+    const int64_t steps = kc / L * L;
+    for (int i = 0; i < MR; ++i) {
+      const T* src = J.a + (r0 + i) * J.a_m + k0;
+      for (int64_t k = 0; k < steps; k += L) {
+        V x[4];
+        for (int q = 0; q < 4; ++q) {
+          x[q] = load<V>(src + q * J.a_c + k);
+          below_inf &= x[q] < inf;
+        }
+        V z[4];  // z[u]: the lists of k-steps k + uL/4 … k + (u+1)L/4 − 1, components innermost
+        if constexpr (L == 16) {
+          const V y0 = __builtin_shufflevector(x[0], x[1], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+          const V y1 = __builtin_shufflevector(x[0], x[1], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+          const V y2 = __builtin_shufflevector(x[2], x[3], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+          const V y3 = __builtin_shufflevector(x[2], x[3], 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+          z[0] = __builtin_shufflevector(y0, y2, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
+          z[1] = __builtin_shufflevector(y0, y2, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31);
+          z[2] = __builtin_shufflevector(y1, y3, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
+          z[3] = __builtin_shufflevector(y1, y3, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31);
+          for (int u = 0; u < 4; ++u) {
+            T* d = dst + ((k + 4 * u) * MR + i) * 4;
+            store(d, __builtin_shufflevector(z[u], z[u], 0, 1, 2, 3));
+            store(d + MR * 4, __builtin_shufflevector(z[u], z[u], 4, 5, 6, 7));
+            store(d + 2 * MR * 4, __builtin_shufflevector(z[u], z[u], 8, 9, 10, 11));
+            store(d + 3 * MR * 4, __builtin_shufflevector(z[u], z[u], 12, 13, 14, 15));
+          }
+        } else {
+          const V y0 = __builtin_shufflevector(x[0], x[1], 0, 8, 1, 9, 2, 10, 3, 11);
+          const V y1 = __builtin_shufflevector(x[0], x[1], 4, 12, 5, 13, 6, 14, 7, 15);
+          const V y2 = __builtin_shufflevector(x[2], x[3], 0, 8, 1, 9, 2, 10, 3, 11);
+          const V y3 = __builtin_shufflevector(x[2], x[3], 4, 12, 5, 13, 6, 14, 7, 15);
+          z[0] = __builtin_shufflevector(y0, y2, 0, 1, 8, 9, 2, 3, 10, 11);
+          z[1] = __builtin_shufflevector(y0, y2, 4, 5, 12, 13, 6, 7, 14, 15);
+          z[2] = __builtin_shufflevector(y1, y3, 0, 1, 8, 9, 2, 3, 10, 11);
+          z[3] = __builtin_shufflevector(y1, y3, 4, 5, 12, 13, 6, 7, 14, 15);
+          for (int u = 0; u < 4; ++u) {
+            T* d = dst + ((k + 2 * u) * MR + i) * 4;
+            store(d, __builtin_shufflevector(z[u], z[u], 0, 1, 2, 3));
+            store(d + MR * 4, __builtin_shufflevector(z[u], z[u], 4, 5, 6, 7));
+          }
+        }
+      }
+    }
+    for (int l = 0; l < L; ++l) ok &= below_inf[l] != 0;
+    return steps;
+  } else {
+    return 0;
+  }
 }
 
 // A tile of mv <= MR rows and nv <= NR columns with an MR-row kernel reading
@@ -301,20 +366,47 @@ constexpr int edge_rows(int mr, int which) {
 // from 0.07 to 0.03 (K = 1376), for kWarmPicks merges per row and vector.
 constexpr int64_t kWarmPicks = 8;
 
-// picks (M, R): per row m the k of its R largest g[m, k, 0] (R = min(kWarmPicks, K)).
-template <class T>
-void warm_picks(const Job<T>& J, int64_t R, int32_t* picks) {
+// picks (M, R): per row m the k of its R largest g[m, k, 0] (R = min(kWarmPicks, K)),
+// ties to the smaller k.
+//
+// Cost: a scalar insertion test per entry mispredicts at each insertion
+// (~R·ln(K/R) a row, 7 % of MiniLM-64's kmax(4) kernel in perf), so where g's
+// rows are contiguous the row is first reduced to its L lane maxima — L
+// entries of the row, so their R-th largest τ is at most the row's R-th
+// largest — and only the entries ≥ τ (a mask per vector: R to a few times R)
+// go through the insertion. An entry below τ has R entries above it: it is
+// never among the picks, and skipping it changes none (the insertion keeps
+// the R largest, first come first kept, whatever else it saw).
+template <class T, class V>
+TS_TILE_FN void warm_picks(const Job<T>& J, int64_t R, int32_t* picks) {
+  constexpr int L = sizeof(V) / sizeof(T);
   T best[kWarmPicks];
   for (int64_t m = 0; m < J.M; ++m) {
     int32_t* row = picks + m * R;
     int64_t n = 0;
     const T* a = J.a + m * J.a_m;
-    for (int64_t k = 0; k < J.K; ++k) {
+    auto insert = [&](int64_t k) __attribute__((always_inline)) {
       const T x = a[k * J.a_k];
-      if (n == R && !(x > best[R - 1])) continue;
+      if (n == R && !(x > best[R - 1])) return;
       int64_t q = n < R ? n++ : R - 1;  // insertion into the descending best[0, n)
       for (; q > 0 && best[q - 1] < x; --q) best[q] = best[q - 1], row[q] = row[q - 1];
       best[q] = x, row[q] = int32_t(k);
+    };
+    const int64_t vec_k = J.a_k == 1 && L >= R && L <= 16 ? J.K / L * L : 0;
+    if (vec_k > 0) {
+      V lane_max = V{} - std::numeric_limits<T>::infinity();
+      for (int64_t k = 0; k < vec_k; k += L) lane_max = max_keep(lane_max, load<V>(a + k));  // (NaN: never kept)
+      T lanes[L];
+      for (int l = 0; l < L; ++l) lanes[l] = lane_max[l];
+      std::nth_element(lanes, lanes + (R - 1), lanes + L, [](T x, T y) { return x > y; });
+      const V tau = V{} + lanes[R - 1];
+      for (int64_t k = 0; k < vec_k; k += L)
+        for (uint32_t h = lanes_where<kAtLeast>(load<V>(a + k), tau); h; h &= h - 1) insert(k + __builtin_ctz(h));
+      for (int64_t k = vec_k; k < J.K; ++k) insert(k);
+    }
+    if (n < R) {  // (no vector pass, or fewer than R entries passed it: NaN lanes) the plain scan
+      n = 0;
+      for (int64_t k = 0; k < J.K; ++k) insert(k);
     }
     for (; n < R; ++n) row[n] = row[0];  // (K < R cannot happen: R ≤ K; NaN never passes the compares)
   }
@@ -624,15 +716,19 @@ TS_TILE_FN bool run_job(const Job<T>& J) {
   constexpr bool kWarm = has_segments<Op>::value;  // kmax: lists warm-started (warm_fill)
   const int64_t R = kWarm ? std::min(kWarmPicks, K) : 0;
   std::vector<int32_t> picks(kWarm ? M * R : 0);
-  if (kWarm && R > 0) warm_picks(J, R, picks.data());
+  if (kWarm && R > 0) warm_picks<T, V>(J, R, picks.data());
   for (int64_t k0 = 0; k0 < K; k0 += KC) {
     const int64_t kc = std::min(KC, K - k0);
     const bool first = k0 == 0 && !(kWarm && R > 0);
     for (int64_t m0 = 0; m0 < M; m0 += MC) {
       const int64_t mc = std::min(MC, M - m0);
       const int64_t strips = (mc + MR - 1) / MR;
-      for (int64_t s = 0; s < strips; ++s)
-        if (!pack_a_strip<Op, T, MR>(J, m0 + s * MR, k0, kc, J.apack + s * kc * MR * C)) return false;
+      for (int64_t s = 0; s < strips; ++s) {
+        bool ok = true;
+        T* dst = J.apack + s * kc * MR * C;
+        const int64_t done = pack_a_strip_lanes<Op, T, V, MR>(J, m0 + s * MR, k0, kc, dst, ok);
+        if (!pack_a_strip<Op, T, MR>(J, m0 + s * MR, k0, kc, dst, done, ok)) return false;
+      }
       for (int64_t p = 0; p < panels; ++p) {
         const int64_t n0 = p * NR, nv = std::min<int64_t>(NR, N - n0);
         const T* bp = J.bpack + (p * K + k0) * NR;
@@ -850,6 +946,24 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
   // (run_job, kWarmPicks); per vector-step ≈ the filter's 2 ops +
   // that share of the merge's ops (KP = E = 4: 4 adds + 12 max/min/blend).
   static constexpr int kSegment = 32;  // bits of a uint32_t
+  // A hit merges, in most lists, only the head of g's list: on MiniLM-64's
+  // and the decoder's kmax(4) backwards the second entry beats the E-th
+  // score in 19 % / 25 % of the hits. So each hit inserts its head x alone,
+  // new[q] = max(acc[q], min(acc[q−1], x)) (E max + E−1 min, two ops deep,
+  // where the merge is three deep: the hits of one vector form a chain), and
+  // notes whether the second entry still beats the E-th score; those hits
+  // then merge the rest of their list. The merges in any order give the same
+  // top E values (the lists hold no indices), and a tail left out has every
+  // entry at most the E-th score, which only rises: it could not enter.
+  template <class V>
+  TS_TILE_FN static void insert_head(V* acc, V x) {
+    V below = x;  // min(acc[q−1], x): what reaches slot q
+    _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) {
+      const V kept = acc[q];
+      acc[q] = max_keep(kept, below);
+      below = min_keep(kept, x);
+    }
+  }
   template <class T, class V, int MR, int NV, int PACKED>
   TS_TILE_FN static void run_tile(int64_t kc, const T* ap, const T* bp, T* c, int64_t ldc, int64_t cc, bool first) {
     constexpr int L = sizeof(V) / sizeof(T), NR = NV * L;
@@ -902,9 +1016,21 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
           T* list = c + i * ldc + j * L;
           V acc[E];
           _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) acc[q] = load<V>(list + q * cc);
+          // Heads first, then the tails that can still enter (see insert_head).
+          uint32_t tails = 0;
           for (; h; h &= h - 1) {
-            const int64_t k = s0 + __builtin_ctz(h);
-            Base::merge(acc, ap + k * PACKED * E + i * E, load<V>(bp + k * NR + j * L), Exchange{});
+            const int s = __builtin_ctz(h);
+            const T* a = ap + (s0 + s) * PACKED * E + i * E;
+            const V b = load<V>(bp + (s0 + s) * NR + j * L);
+            insert_head(acc, Term::term(a[0], b));
+            if constexpr (E > 1) tails |= uint32_t(any_greater(Term::term(a[1], b), acc[E - 1])) << s;
+          }
+          for (; tails; tails &= tails - 1) {
+            const int64_t k = s0 + __builtin_ctz(tails);
+            const T* a = ap + k * PACKED * E + i * E;
+            T rest[E];  // the list without its head, −∞ last (its term is −∞: it never enters)
+            _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) rest[q] = q + 1 < E ? a[q + 1] : -std::numeric_limits<T>::infinity();
+            Base::merge(acc, rest, load<V>(bp + k * NR + j * L), Exchange{});
           }
           _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) store(list + q * cc, acc[q]);
           thr[i][j] = acc[E - 1];
