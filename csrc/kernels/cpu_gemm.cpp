@@ -932,52 +932,62 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
   // not beat its E-th score (a's list descends; a term equal to it leaves
   // the values as they are). The filter: per step and tile vector one add
   // and one compare — is a[0] + b above the E-th score as it was when the
-  // segment began? — its lane mask stored (AVX-512; else a bit per step),
-  // no branch: a max-plus product's pace. The merges: for each vector with
-  // hits, its list loaded, the network run for each hit in increasing k with
-  // no further test (the E-th score only rises, so the stale threshold lets
+  // segment began? — no branch: a max-plus product's pace. The merges: the
+  // network run for each hit, in any order (the lists hold values only, and
+  // the top E of a union do not depend on the order of its parts), with no
+  // further test (the E-th score only rises, so the stale threshold lets
   // through a superset, and merging a term that does not beat the list
-  // changes nothing), stored. A per-step test and merge kept MR·NV·E list
-  // vectors in registers (spilled) and took a data-dependent branch at every
-  // step and vector; the tile now branches once per vector and segment and
-  // per hit of the loop over set bits, and the merges of different vectors
-  // overlap. Hits: ~20–25 % of the vector-steps of a 384-deep product of
-  // random lists from −∞, fewer as K grows and fewer from the warm start
-  // (run_job, kWarmPicks); per vector-step ≈ the filter's 2 ops +
-  // that share of the merge's ops (KP = E = 4: 4 adds + 12 max/min/blend).
+  // changes nothing). Hits: 5–10 % of the vector-steps of MiniLM-64's kmax(4)
+  // products from the warm start (run_job, kWarmPicks); per vector-step ≈ the
+  // filter's 2 ops + that share of the merge's ops (KP = E = 4: 4 adds + 12
+  // max/min/blend).
+  //
+  // AVX-512: the filter stores each lane mask at [step][vector], a test of
+  // 64 bytes turns two steps into 32 bits (a bit per step and vector), and a
+  // compress appends their codes (step·16 + vector) to one list for the
+  // segment; one loop then merges them, step by step, each a load of its
+  // list, the network, a store. Consecutive hits are mostly different
+  // vectors: their merges overlap, and the loop takes one unpredictable
+  // branch a segment. The loop per vector and its set bits that this
+  // replaced waited on one merge chain at a time and mispredicted its exit
+  // about once per vector and segment: ~30 cycles a hit on MiniLM-64's
+  // products, where a merge is ~10 cycles of vector work. Other ISAs: a bit
+  // per step and vector, and that loop.
   static constexpr int kSegment = 32;  // bits of a uint32_t
-  // A hit merges, in most lists, only the head of g's list: on MiniLM-64's
-  // and the decoder's kmax(4) backwards the second entry beats the E-th
-  // score in 19 % / 25 % of the hits. So each hit inserts its head x alone,
-  // new[q] = max(acc[q], min(acc[q−1], x)) (E max + E−1 min, two ops deep,
-  // where the merge is three deep: the hits of one vector form a chain), and
-  // notes whether the second entry still beats the E-th score; those hits
-  // then merge the rest of their list. The merges in any order give the same
-  // top E values (the lists hold no indices), and a tail left out has every
-  // entry at most the E-th score, which only rises: it could not enter.
-  template <class V>
-  TS_TILE_FN static void insert_head(V* acc, V x) {
-    V below = x;  // min(acc[q−1], x): what reaches slot q
-    _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) {
-      const V kept = acc[q];
-      acc[q] = max_keep(kept, below);
-      below = min_keep(kept, x);
-    }
-  }
+  static constexpr int kSlots = 16;    // vectors of a tile addressed per step (MR·NV ≤ 16)
   template <class T, class V, int MR, int NV, int PACKED>
   TS_TILE_FN static void run_tile(int64_t kc, const T* ap, const T* bp, T* c, int64_t ldc, int64_t cc, bool first) {
     constexpr int L = sizeof(V) / sizeof(T), NR = NV * L;
-    if (first) {
-      for (int q = 0; q < E; ++q)
-        _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
-          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j)
-            store(c + q * cc + i * ldc + j * L, V{} - std::numeric_limits<T>::infinity());
-        }
+    static_assert(MR * NV <= kSlots, "a step's vectors must fit the 16 mask slots");
+    // The tile's lists, copied into E adjacent vectors each for the k block:
+    // in c, a list's entries lie a component stride (M·N) apart, a multiple
+    // of 4 KB on the shapes of a transformer, so a tile's 48 lines fall into
+    // a few L1 sets, and merging with a load and a store per hit evicted them.
+    alignas(64) T lists[MR * NV * E * L];
+    auto list_of = [&](int i, int j) __attribute__((always_inline)) { return lists + (i * NV + j) * E * L; };
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+        _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q)
+          store(list_of(i, j) + q * L, first ? V{} - std::numeric_limits<T>::infinity()
+                                             : load<V>(c + q * cc + i * ldc + j * L));
+      }
     }
     V thr[MR][NV];
-    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
-      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) thr[i][j] = load<V>(c + (E - 1) * cc + i * ldc + j * L);
-    }
+    auto load_thresholds = [&]() __attribute__((always_inline)) {
+      _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) thr[i][j] = load<V>(list_of(i, j) + (E - 1) * L);
+      }
+    };
+    load_thresholds();
+    auto merge_hit = [&](int64_t k, uint32_t i, uint32_t j) __attribute__((always_inline)) {
+      T* list = list_of(i, j);
+      V acc[E];
+      _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) acc[q] = load<V>(list + q * L);
+      Base::merge(acc, ap + k * PACKED * E + i * E, load<V>(bp + k * NR + j * L), Exchange{});
+      _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) store(list + q * L, acc[q]);
+    };
+    alignas(64) uint16_t masks[sizeof(V) == 64 ? kSegment : 1][kSlots] = {};  // slots past MR·NV stay 0
+    int32_t codes[sizeof(V) == 64 ? kSegment * MR * NV + 16 : 1];             // (+16: a compress stores 16 lanes)
     for (int64_t s0 = 0; s0 < kc; s0 += kSegment) {
       const int steps = int(std::min<int64_t>(kSegment, kc - s0));
       // f(i, j, term) for every term of k-step s0 + s (one vector of the tile's row i, column block j)
@@ -989,52 +999,40 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
           _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) f(i, j, Term::term(a[i * E], b[j]));
         }
       };
-      uint32_t hits[MR][NV];
       if constexpr (sizeof(V) == 64) {
-        alignas(64) uint16_t masks[MR][NV][kSegment];
         for (int s = 0; s < steps; ++s)
           each_term(s, [&](int i, int j, V term) __attribute__((always_inline)) {
-            masks[i][j][s] = lanes_where<kGreater>(term, thr[i][j]);
+            masks[s][i * NV + j] = lanes_where<kGreater>(term, thr[i][j]);
           });
-        const uint32_t valid = steps == kSegment ? ~0u : (1u << steps) - 1;
-        _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
-          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) hits[i][j] = nonzero_words<V>(masks[i][j]) & valid;
+        int n = 0;
+        for (int s = 0; s < steps; s += 2) {
+          uint32_t bits = nonzero_words<V>(masks[s]);  // steps s and s + 1
+          if (s + 1 == steps) bits &= 0xffffu;           // (step s + 1 is left over from an earlier segment)
+          n += append_lanes<V>(codes + n, bits & 0xffffu, s * kSlots);
+          n += append_lanes<V>(codes + n, bits >> 16, (s + 1) * kSlots);
         }
+        for (int h = 0; h < n; ++h) {
+          const uint32_t code = uint32_t(codes[h]), slot = code % kSlots;  // (unsigned: shifts and masks)
+          merge_hit(s0 + code / kSlots, slot / NV, slot % NV);
+        }
+        load_thresholds();
       } else {
-        _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
-          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) hits[i][j] = 0;
-        }
+        uint32_t hits[MR][NV] = {};
         for (int s = 0; s < steps; ++s)
           each_term(s, [&](int i, int j, V term) __attribute__((always_inline)) {
             hits[i][j] |= uint32_t(any_greater(term, thr[i][j])) << s;
           });
-      }
-      for (int i = 0; i < MR; ++i) {
-        for (int j = 0; j < NV; ++j) {
-          uint32_t h = hits[i][j];
-          if (!h) continue;
-          T* list = c + i * ldc + j * L;
-          V acc[E];
-          _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) acc[q] = load<V>(list + q * cc);
-          // Heads first, then the tails that can still enter (see insert_head).
-          uint32_t tails = 0;
-          for (; h; h &= h - 1) {
-            const int s = __builtin_ctz(h);
-            const T* a = ap + (s0 + s) * PACKED * E + i * E;
-            const V b = load<V>(bp + (s0 + s) * NR + j * L);
-            insert_head(acc, Term::term(a[0], b));
-            if constexpr (E > 1) tails |= uint32_t(any_greater(Term::term(a[1], b), acc[E - 1])) << s;
+        for (int i = 0; i < MR; ++i) {
+          for (int j = 0; j < NV; ++j) {
+            for (uint32_t h = hits[i][j]; h; h &= h - 1) merge_hit(s0 + __builtin_ctz(h), i, j);
+            thr[i][j] = load<V>(list_of(i, j) + (E - 1) * L);
           }
-          for (; tails; tails &= tails - 1) {
-            const int64_t k = s0 + __builtin_ctz(tails);
-            const T* a = ap + k * PACKED * E + i * E;
-            T rest[E];  // the list without its head, −∞ last (its term is −∞: it never enters)
-            _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) rest[q] = q + 1 < E ? a[q + 1] : -std::numeric_limits<T>::infinity();
-            Base::merge(acc, rest, load<V>(bp + k * NR + j * L), Exchange{});
-          }
-          _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) store(list + q * cc, acc[q]);
-          thr[i][j] = acc[E - 1];
         }
+      }
+    }
+    _Pragma("GCC unroll 16") for (int i = 0; i < MR; ++i) {
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+        _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) store(c + q * cc + i * ldc + j * L, load<V>(list_of(i, j) + q * L));
       }
     }
   }
