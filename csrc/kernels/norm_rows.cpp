@@ -1996,23 +1996,30 @@ void topk_lanes_row(bool single, int64_t K, const double* x, const double* alpha
     const int64_t padded = n + kPairPad;
     const T* w[5 + kTopKLanesMax];
     T* o[2 * kTopKLanesMax];
+    // The buffers by plain pointers: through the thread_local vectors GCC
+    // reloaded each one's data pointer in the loops below (~20 % of this row's
+    // set-up in perf of MiniLM-64's kmax(4)).
+    T* lane[5 + kTopKLanesMax];
     // what the pass reads past the m candidates and the n queries: α_0 = 0 at m, the pads
     xq.resize(padded);
+    T* const xs = xq.data();
     for (int64_t r = 0; r < 5 + K; ++r) {
-      lanes[r].resize(padded), w[r] = lanes[r].data();
-      std::fill(lanes[r].begin() + (r == 4 + K ? n : m), lanes[r].end(), T(r == 1 ? -1 : r == 4 + K ? -2 : 0));
+      lanes[r].resize(padded), w[r] = lane[r] = lanes[r].data();
+      std::fill(lane[r] + (r == 4 + K ? n : m), lane[r] + padded, T(r == 1 ? -1 : r == 4 + K ? -2 : 0));
     }
-    std::fill(xq.begin() + n, xq.end(), T(0));
-    for (int64_t q = 0; q < n; ++q) xq[q] = T(x[queries[q]]), lanes[4 + K][q] = T(queries[q]);
+    std::fill(xs + n, xs + padded, T(0));
+    const int32_t* const by_query = queries.data();
+    for (int64_t q = 0; q < n; ++q) xs[q] = T(x[by_query[q]]), lane[4 + K][q] = T(by_query[q]);
     // the suffix maxima with room for the rounding of α and x to T and of the
     // score's three operations in T (≤ 4 ulp of float: 1e-5 is ample)
     double A = 0, B = 0;
+    const int32_t* const candidates = order.data();
     for (int64_t q = m - 1; q >= 0; --q) {
-      const int32_t i = order[q];
-      lanes[0][q] = T(x[i]), lanes[1][q] = T(i);
-      for (int64_t c = 0; c < K; ++c) lanes[2 + c][q] = T(alpha[c * n + i]);
+      const int32_t i = candidates[q];
+      lane[0][q] = T(x[i]), lane[1][q] = T(i);
+      for (int64_t c = 0; c < K; ++c) lane[2 + c][q] = T(alpha[c * n + i]);
       A = std::max(A, alpha[i]), B = std::max(B, alpha[i] * std::abs(x[i]));
-      lanes[2 + K][q] = T(A * (1.0 + 1e-5)), lanes[3 + K][q] = T(B * (1.0 + 1e-5));
+      lane[2 + K][q] = T(A * (1.0 + 1e-5)), lane[3 + K][q] = T(B * (1.0 + 1e-5));
     }
     for (int64_t c = 0; c < 2 * K; ++c) outs[c].resize(padded), o[c] = outs[c].data();
     auto pass = [&](auto lanes_of_k) {
@@ -2030,11 +2037,15 @@ void topk_lanes_row(bool single, int64_t K, const double* x, const double* alpha
       case 7: pass(std::integral_constant<int, 7>{}); break;
       default: pass(std::integral_constant<int, 8>{}); break;
     }
-    for (int64_t c = 0; c < K; ++c)
-      for (int64_t q = 0; q < n; ++q) {
-        best[c * n + queries[q]] = double(outs[c][q]);
-        if (tags) tags[c * n + queries[q]] = int32_t(outs[K + c][q]);
-      }
+    for (int64_t c = 0; c < K; ++c) {
+      const T* const values = o[c];
+      double* const to = best + c * n;
+      for (int64_t q = 0; q < n; ++q) to[by_query[q]] = double(values[q]);
+      if (!tags) continue;
+      const T* const winners = o[K + c];
+      int32_t* const tag_to = tags + c * n;
+      for (int64_t q = 0; q < n; ++q) tag_to[by_query[q]] = int32_t(winners[q]);
+    }
   };
   if (single) run(float{});
   else run(double{});
