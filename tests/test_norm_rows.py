@@ -12,6 +12,9 @@ batch-norm / RMS-norm graphs against the explicit-graph reference.
 from __future__ import annotations
 
 import math
+import pathlib
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -27,6 +30,7 @@ from kernel_helpers import isa  # noqa: F401 (a fixture)
 from helpers import assert_values_equal
 
 D = torch.float64
+ROOT = pathlib.Path(__file__).resolve().parent.parent
 KERNEL_SEMIRINGS = ["abs", "count", "log", "entropy", "max_abs", "viterbi", "max_prod", "kmax"]
 
 
@@ -175,6 +179,65 @@ def test_float32_pair_pass_every_instruction_set(semiring, kind, isa, monkeypatc
         assert torch.equal(finite, torch.isfinite(got))
         torch.testing.assert_close(got[finite], want[finite], rtol=2e-4, atol=2e-4,
                                    msg=lambda m: f"{semiring}/{kind}/{isa}/spread {spread}: {m}")
+
+
+SERIES_KINDS = ROW_KINDS + ["all_near", "all_far", "beyond_series", "dominant_own_weight"]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kind", SERIES_KINDS)
+@pytest.mark.parametrize("N", [32, 97, 384])
+def test_entropy_near_pairs_by_series(kind, N, dtype, monkeypatch):
+    """entropy's direct scheme sums the pairs with |x_i x_j| ≤ 3/4 (by bucket bounds) through a polynomial in
+    the moments of the weights (csrc/kernels/near_series.h) and the others by the pair pass: against the
+    float64 block version, and against the pair pass alone (TORCH_SEMIRING_NORM_SERIES=0). Kinds beyond the
+    shared rows: every pair near (|x| ≤ 0.02), none (|x| ≥ 1), an |x| past the series' range (2^17: the
+    pair pass takes the row), and one weight dominating its row, whose own output must not lose the rest."""
+    monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", "direct")
+    sr = make("entropy")
+    g = torch.Generator().manual_seed(zlib.crc32(f"entropy-series/{kind}/{N}/{dtype}".encode()))
+    R = 4
+    if kind in ROW_KINDS:
+        x = rows_of(kind, R, N, g)
+    else:
+        x = F.layer_norm(torch.randn(R, N, generator=g, dtype=D), (N,))
+        if kind == "all_near":
+            x = x / x.abs().amax(dim=1, keepdim=True) * 0.02
+        elif kind == "all_far":
+            x = torch.sign(x) * (1 + x.abs())
+        elif kind == "beyond_series":
+            x[:, 3] = 2.0**17
+    x = x.to(dtype).double()  # the rows in their precision, exactly
+    for spread in (0.5, 30.0):
+        a = random_value(sr, (R, N), g, spread)
+        if kind == "dominant_own_weight":
+            a[0, :, 5] = a[0].amax(dim=1) + 200.0  # e^200 times every other weight
+        a = a.to(dtype).double()
+        want = sr.generic_norm_offdiagonal(a, x)
+        monkeypatch.setenv("TORCH_SEMIRING_NORM_SERIES", "1")
+        got = sr.norm_offdiagonal(a.to(dtype), x.to(dtype)).double()
+        monkeypatch.setenv("TORCH_SEMIRING_NORM_SERIES", "0")
+        pairs = sr.norm_offdiagonal(a.to(dtype), x.to(dtype)).double()
+        what = f"{kind}/N={N}/{dtype}/spread {spread}"
+        if dtype == torch.float64:
+            for c in range(got.shape[0]):
+                assert_values_equal(got[c], want[c], "entropy", f"{what}/component {c}")
+        else:
+            for c, (tol, atol) in enumerate([(2e-6, 1e-6), (2e-4, 2e-4)]):  # ℓ (log-space), h
+                finite = torch.isfinite(want[c])
+                assert torch.equal(finite, torch.isfinite(got[c])), what
+                torch.testing.assert_close(got[c][finite], want[c][finite], rtol=tol, atol=atol,
+                                           msg=lambda m: f"{what}/component {c}: {m}")
+                # no less accurate than the pair pass alone
+                err = (got[c][finite] - want[c][finite]).abs().max()
+                assert err <= 2 * (pairs[c][finite] - want[c][finite]).abs().max() + 1e-6, what
+
+
+def test_near_series_header_is_generated():
+    pytest.importorskip("mpmath")
+    done = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_near_series.py"), "--check"],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr + " — run python tools/gen_near_series.py and commit the header"
 
 
 @pytest.mark.parametrize("kind", ROW_KINDS)

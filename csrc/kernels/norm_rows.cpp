@@ -31,6 +31,7 @@
 #include "kernels/cpu_gemm.h"  // kernel_isa
 #include "kernels/cpu_vectors.h"  // VecOf, for vector_math.h
 #include "kernels/elementwise.h"  // exp_shifted, log_shifted
+#include "kernels/near_series.h"  // kNearTau, the near pairs' polynomials
 
 namespace torch_semiring::kernels {
 
@@ -413,8 +414,11 @@ inline __attribute__((always_inline)) T lanes_fold(V v) {
 // had it, overlaps two earlier stores and waits for them: store-to-load
 // forwarding fails). Lanes j ≤ i of the first vectors get y = 0, which no
 // series takes (a zero term, or no edge for max_prod). max_abs at N = 384
-// (float, AVX-512): 6.3 → ~3 µs a row for the pass.
-template <class Terms>
+// (float, AVX-512): 6.3 → ~3 µs a row for the pass. kStarts: each row i's
+// pairs start at its own j, given as a T in w_rows[S] (≥ i + 1; exact in
+// float lanes below 2^24) — entropy's far pairs (see NearSeries), a staircase
+// in |x|-sorted order; lanes before a row's start get y = 0 as above.
+template <class Terms, bool kStarts = false>
 struct PairPass {
 template <class T, class V>
 static inline __attribute__((always_inline)) void run(const T* x, const T* const* w_rows, T* const* out_rows,
@@ -429,14 +433,19 @@ static inline __attribute__((always_inline)) void run(const T* x, const T* const
     w[s] = w_rows[s], out[s] = out_rows[s], std::fill(out[s], out[s] + n + kPairPad, T(Terms::kIdentity[s]));
   IV lane;
   for (int l = 0; l < L; ++l) lane[l] = l;
+  const T* start = kStarts ? w_rows[S] : nullptr;
   for (int64_t i0 = 0; i0 < n; i0 += IB) {
     const int rows = int(std::min<int64_t>(IB, n - i0));
     V xi[IB], acc[IB][S];
     T wi[IB][S];
+    LaneInt<T> first_j[IB];  // the row's first partner: lanes before it are masked
+    int64_t lo = n, hi = 0;
     _Pragma("GCC unroll 4") for (int b = 0; b < IB; ++b) {
       const int64_t i = std::min<int64_t>(i0 + b, n - 1);  // a row past n repeats the last: its lanes j < n are masked
       xi[b] = V{} + x[i];
       _Pragma("GCC unroll 4") for (int s = 0; s < S; ++s) wi[b][s] = w[s][i], acc[b][s] = V{} + T(Terms::kIdentity[s]);
+      const int64_t f = !kStarts ? i0 + b + 1 : b < rows ? int64_t(start[i]) : n;
+      first_j[b] = LaneInt<T>(f), lo = std::min(lo, f), hi = std::max(hi, f);
     }
     auto step = [&](int64_t j, bool head) __attribute__((always_inline)) {
       const V xj = load<V>(x + j);
@@ -447,14 +456,14 @@ static inline __attribute__((always_inline)) void run(const T* x, const T* const
         // double lanes: the generic path's rounding of 1 + x·t (one_plus); float lanes: rounded once
         if constexpr (sizeof(T) == 4) y = one_plus_exact(xj, xi[b]);
         else y = one_plus(xj, xi[b]);
-        if (head) y = lane + LaneInt<T>(j) > LaneInt<T>(i0 + b) ? y : V{};
+        if (head) y = lane + LaneInt<T>(j) >= first_j[b] ? y : V{};
         Terms::template pair<T, V>(y, wi[b], wj, at_j, acc[b]);
       }
       _Pragma("GCC unroll 4") for (int s = 0; s < S; ++s) store(out[s] + j, at_j[s]);
     };
-    const int64_t first = (i0 + 1) / L * L, body = std::min<int64_t>(n, (i0 + IB - 1) / L * L + L);
+    const int64_t first = lo / L * L, body = std::min<int64_t>(n, (hi + L - 1) / L * L);
     int64_t j = first;
-    for (; j < body; j += L) step(j, true);  // vectors holding some j ≤ i of the block
+    for (; j < body; j += L) step(j, true);  // vectors holding some j before a row's first partner
     for (; j < n; j += L) step(j, false);
     _Pragma("GCC unroll 4") for (int b = 0; b < IB; ++b) {
       if (b >= rows) break;
@@ -895,13 +904,15 @@ constexpr int64_t kPrunedMaxMinRow = 64;
 
 // One row through the direct pair pass in the graph's precision (single:
 // float lanes): x and the weights as the rows hold them (float64), out in float64.
+// starts (optional, as doubles): each row's first partner j, for PairPass's kStarts.
 template <class Terms>
-void direct_row(bool single, const double* x, const double* const* w, double* const* out, int64_t n) {
+void direct_row(bool single, const double* x, const double* const* w, double* const* out, int64_t n,
+                const double* starts = nullptr) {
   constexpr int S = Terms::S;
   auto run = [&](auto tag) {
     using T = decltype(tag);
-    thread_local std::vector<T> xs, ws[S], os[S];
-    const T* wp[S];
+    thread_local std::vector<T> xs, ws[S + 1], os[S];
+    const T* wp[S + 1];
     T* op[S];
     xs.resize(n + kPairPad);
     convert_row(x, xs.data(), n);
@@ -912,7 +923,13 @@ void direct_row(bool single, const double* x, const double* const* w, double* co
       std::fill(ws[s].begin() + n, ws[s].end(), T(Terms::kPadWeight));
       wp[s] = ws[s].data(), op[s] = os[s].data();
     }
-    if (std::is_same<Terms, MaxAbsTerm>::value && n >= kPrunedMaxMinRow && n < (int64_t(1) << 24) && prune_rows())
+    if (starts) {
+      ws[S].resize(n);
+      convert_row(starts, ws[S].data(), n);
+      wp[S] = ws[S].data();
+      pick_row_pass<T, PairPass<Terms, true>>()(xs.data(), wp, op, n);
+    } else if (std::is_same<Terms, MaxAbsTerm>::value && n >= kPrunedMaxMinRow && n < (int64_t(1) << 24) &&
+               prune_rows())
       pick_row_pass<T, PrunedMaxPass>()(xs.data(), wp, op, n);  // (indices exact in float lanes below 2^24)
     else
       pick_row_pass<T, PairPass<Terms>>()(xs.data(), wp, op, n);
@@ -920,6 +937,210 @@ void direct_row(bool single, const double* x, const double* const* w, double* co
   };
   if (single) run(float{});
   else run(double{});
+}
+
+// ---- entropy's near pairs by a polynomial -------------------------------------------
+//
+// Where |x_i x_j| ≤ τ = 3/4, y = 1 + t (t = x_i x_j) lies in [1/4, 7/4], so
+//   |y| = 1 + t,   φ(y) = (1 + t) log(1 + t) ≈ Σ_{k=1..K} c_k t^k
+// (c_k: near_series.h, the Chebyshev interpolant of φ(1 + t)/t on [−τ, τ] —
+// relative error 1.3e-8 with K = 18 for float rows, 2e-17 with K = 42 for
+// float64; the Taylor series would need 44 / 100 terms at this τ), and over
+// such i the sums of a row separate into moments of its weights:
+//   Σ w_i |y_ij| = W_0 + x_j W_1,   Σ w_i φ(y_ij) ≈ Σ_k c_k x_j^k W_k,   W_k = Σ w_i x_i^k.
+// The row is ordered by buckets of |x| (entropy_sums_split), where the near i
+// of a j are a prefix [0, r_j), j itself excluded; the far pairs (i < j,
+// j ≥ r_i) take the direct pair pass from each row's own start (PairPass's
+// kStarts: a staircase). The near sums: the prefix part read off one running
+// sum as it passes min(j, r_j), plus a window (j, r_j) that only grows (at
+// both ends) as j descends — each the sum of exactly its terms, no
+// subtraction, so an outlying w_j cancels nothing. The moments are summed in
+// double for float rows too, and no less accurate than the pair pass: both
+// sum the same signed terms (tests/test_norm_rows.py compares them).
+// Cost: O(N·K) a row — per element its powers, two moment sums and two
+// K-term products — beside the far pairs' vector steps. On the real MiniLM's
+// layer-norm rows 78 % of the pairs are near (bucket bounds), and the far
+// pass visits 27 % of the lanes of the plain one; a row of 384 floats took
+// ~35 instead of ~52 µs (benchmarks/README.md, 2026-11-27 20:28).
+// Rows shorter than this keep the plain pair pass (the sort and the moments
+// cost about as much as the pairs they save there).
+constexpr int64_t kNearSeriesMinRow = 32;
+// Rows with a larger |x| keep the pair pass: x^42 stays below 2^672, so no
+// moment overflows (and a near x_j^k that underflows multiplies a finite one).
+constexpr double kNearMaxAbs = 65536.0;
+// TORCH_SEMIRING_NORM_SERIES=0 turns the split off (tests compare both; read per row).
+bool near_series() {
+  const char* v = std::getenv("TORCH_SEMIRING_NORM_SERIES");
+  return !(v && std::strcmp(v, "0") == 0);
+}
+
+#pragma GCC push_options
+#pragma GCC optimize("O3")
+// The powers x^0..x^(8·NV − 1) in NV vectors of 8 doubles, lanes past K zero:
+// the first vector by three products (depth 3, not a chain of 7), the
+// others by x^8 each.
+using Doubles8 = VecOf<double, 64>::type;
+template <int K, int NV>
+inline __attribute__((always_inline)) void powers_of(double x, Doubles8* p) {
+  const double x2 = x * x, x4 = x2 * x2, x8 = x4 * x4;
+  const Doubles8 odd = {1, x, 1, x, 1, x, 1, x}, pairs = {1, 1, x2, x2, 1, 1, x2, x2},
+                 quads = {1, 1, 1, 1, x4, x4, x4, x4};
+  p[0] = odd * pairs * quads;
+  for (int m = 1; m < NV; ++m) p[m] = p[m - 1] * x8;
+  for (int l = K + 1; l < 8 * NV; ++l) p[l / 8][l % 8] = 0;  // (constant lanes: folded at compile time)
+}
+// x, w, v, reach in sorted order; out Z = Σ w|y|, Q = Σ v|y|, F = Σ w φ(y) over
+// each j's near i (i < reach[j], i ≠ j). |x| ≤ kNearMaxAbs: the moments of
+// order ≤ K stay finite.
+template <int K>
+inline __attribute__((always_inline)) void near_sums_impl(const double* x, const double* w, const double* v,
+                                                          const int32_t* reach, int64_t n, double* Z, double* Q,
+                                                          double* F, const double* series) {
+  constexpr int NV = (K + 8) / 8;  // vectors of W_0..W_K
+  struct Moments {
+    Doubles8 W[NV];  // Σ w_i x_i^k
+    double V0, V1;   // Σ v_i, Σ v_i x_i
+  };
+  Doubles8 c[NV] = {};  // the polynomial's coefficients at the places of W_k
+  for (int k = 1; k <= K; ++k) c[k / 8][k % 8] = series[k - 1];
+  auto add = [&](int64_t i, Moments& m) __attribute__((always_inline)) {
+    Doubles8 p[NV];
+    powers_of<K, NV>(x[i], p);
+    for (int q = 0; q < NV; ++q) m.W[q] += w[i] * p[q];
+    m.V0 += v[i], m.V1 += v[i] * x[i];
+  };
+  // The three sums over the i that m holds, for j (linear in m: the prefix's
+  // and the window's parts are evaluated apart and added); F's terms stay in
+  // 8 lanes per j until the end, where 8 j at a time fold them (a horizontal
+  // sum per j cost a third of this function).
+  thread_local std::vector<double> lane_storage;
+  lane_storage.resize(8 * n + 8);
+  Doubles8* F_lanes =
+      reinterpret_cast<Doubles8*>((reinterpret_cast<uintptr_t>(lane_storage.data()) + 63) & ~uintptr_t(63));
+  auto eval = [&](int64_t j, const Moments& m, double& z, double& q, Doubles8& f) __attribute__((always_inline)) {
+    Doubles8 p[NV], lanes = {};
+    powers_of<K, NV>(x[j], p);
+    for (int u = 0; u < NV; ++u) lanes += c[u] * p[u] * m.W[u];
+    f = lanes;
+    z = m.W[0][0] + x[j] * m.W[0][1];
+    q = m.V0 + x[j] * m.V1;
+  };
+  // The prefix part: j over the first min(j, reach[j]) elements, read off one
+  // running sum as it passes that length (the j listed by it: a counting
+  // sort) — nothing stored per position.
+  thread_local std::vector<int32_t> at, by_length;
+  at.assign(n + 2, 0), by_length.resize(n);
+  for (int64_t j = 0; j < n; ++j) ++at[std::min<int64_t>(j, reach[j]) + 1];
+  for (int64_t c0 = 0; c0 <= n; ++c0) at[c0 + 1] += at[c0];
+  for (int64_t j = 0; j < n; ++j) by_length[at[std::min<int64_t>(j, reach[j])]++] = int32_t(j);
+  Moments run = {};
+  for (int64_t len = 0, h = 0; len <= n; ++len) {
+    for (; h < at[len]; ++h) {
+      const int32_t j = by_length[h];
+      eval(j, run, Z[j], Q[j], F_lanes[j]);
+    }
+    if (len < n) add(len, run);
+  }
+  // The window part: j over (j, reach[j]), a window that only grows, at both
+  // ends, as j descends.
+  Moments win = {};
+  int64_t lo = n, hi = n;  // the window [lo, hi)
+  for (int64_t j = n - 1; j >= 0; --j) {
+    const int64_t r = reach[j];
+    if (r <= j + 1) continue;  // empty (and then so were those of every larger j)
+    if (lo == hi) lo = hi = j + 1;
+    while (lo > j + 1) add(--lo, win);
+    for (; hi < r; ++hi) add(hi, win);
+    double z, q;
+    Doubles8 f;
+    eval(j, win, z, q, f);
+    Z[j] += z, Q[j] += q, F_lanes[j] += f;
+  }
+  // F[j] = the sum of F_lanes[j]'s lanes: 8 j a time by three rounds of
+  // pairwise shuffles and adds (lane l of the result: j0 + l).
+  using Index8 = VecOf<int64_t, 64>::type;
+  auto fold = [](Doubles8 a, Doubles8 b, Index8 even, Index8 odd) __attribute__((always_inline)) {
+    return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, odd);
+  };
+  const Index8 s1a = {0, 8, 2, 10, 4, 12, 6, 14}, s1b = {1, 9, 3, 11, 5, 13, 7, 15};
+  const Index8 s2a = {0, 1, 8, 9, 4, 5, 12, 13}, s2b = {2, 3, 10, 11, 6, 7, 14, 15};
+  const Index8 s3a = {0, 1, 2, 3, 8, 9, 10, 11}, s3b = {4, 5, 6, 7, 12, 13, 14, 15};
+  int64_t j0 = 0;
+  for (; j0 + 8 <= n; j0 += 8) {
+    const Doubles8* L = F_lanes + j0;
+    const Doubles8 ab = fold(L[0], L[1], s1a, s1b), cd = fold(L[2], L[3], s1a, s1b);
+    const Doubles8 ef = fold(L[4], L[5], s1a, s1b), gh = fold(L[6], L[7], s1a, s1b);
+    const Doubles8 sums = fold(fold(ab, cd, s2a, s2b), fold(ef, gh, s2a, s2b), s3a, s3b);
+    std::memcpy(F + j0, &sums, sizeof(sums));
+  }
+  for (; j0 < n; ++j0) {
+    const Doubles8 l = F_lanes[j0];
+    F[j0] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+  }
+}
+TS_CPU_CLONES void near_sums(bool single, const double* x, const double* w, const double* v, const int32_t* reach,
+                             int64_t n, double* Z, double* Q, double* F) {
+  if (single) near_sums_impl<kNearTermsFloat>(x, w, v, reach, n, Z, Q, F, kNearSeriesFloat);
+  else near_sums_impl<kNearTermsDouble>(x, w, v, reach, n, Z, Q, F, kNearSeriesDouble);
+}
+#pragma GCC pop_options
+
+// Entropy's three sums of a row (Z = Σ A|y|, Q = Σ Ah|y|, F = Σ A φ(y), over
+// i ≠ j) by the split above. The order is by buckets of |x| (16 a binade, by
+// the float's exponent and first 4 mantissa bits, from 2^-22 up to 2^10, the
+// last bucket open-ended): one counting pass instead of a sort, and a pair is
+// near when the buckets' upper bounds U give U_i·U_j ≤ τ — symmetric, a
+// prefix of the order for every j, and |x_i x_j| < U_i·U_j, so the series
+// holds; it costs the near set ≤ 13 % in the product's bound. The parts are
+// added back in the original order.
+void entropy_sums_split(bool single, const double* x, const double* A, const double* Ah, int64_t n, double* Z,
+                        double* Q, double* F) {
+  constexpr int kBuckets = 512, kBase = (127 - 22) << 4;  // bucket 0: |x| < 2^-22·(1 + 1/16)
+  thread_local std::vector<int32_t> key, order, reach;
+  thread_local std::vector<double> xs, As, Ahs, starts, far[3], near[3];
+  key.resize(n), order.resize(n), reach.resize(n), xs.resize(n), As.resize(n), Ahs.resize(n), starts.resize(n);
+  for (int s = 0; s < 3; ++s) far[s].resize(n), near[s].resize(n);
+  int32_t first[kBuckets + 1] = {};  // counts, then each bucket's first position
+  for (int64_t i = 0; i < n; ++i) {
+    const float f = std::abs(float(x[i]));  // (in the bucket its rounding names: see U below)
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof(bits));
+    key[i] = std::min(std::max(int32_t(bits >> 19) - kBase, 0), kBuckets - 1);
+    ++first[key[i] + 1];
+  }
+  for (int b = 0; b < kBuckets; ++b) first[b + 1] += first[b];
+  // U_b: the float where bucket b + 1 starts (a double rounding to a float below it is below it).
+  auto upper = [](int b) {
+    if (b == kBuckets - 1) return kInf;
+    const uint32_t bits = uint32_t(kBase + b + 1) << 19;
+    float u;
+    std::memcpy(&u, &bits, sizeof(u));
+    return double(u);
+  };
+  int32_t used[kBuckets], m = 0;  // the buckets that hold elements, ascending
+  for (int b = 0; b < kBuckets; ++b) used[m] = b, m += first[b + 1] > first[b];
+  int32_t near_end[kBuckets];  // per used bucket: the first position of the first bucket not near it
+  for (int u = 0, e = m; u < m; ++u) {  // U rises with the bucket: its near buckets shrink
+    const double ub = upper(used[u]);
+    while (e > 0 && !(upper(used[e - 1]) * ub <= kNearTau)) --e;
+    near_end[used[u]] = e == m ? int32_t(n) : first[used[e]];
+  }
+  int32_t pos[kBuckets];
+  std::memcpy(pos, first, sizeof(pos));
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t p = pos[key[i]]++;
+    order[p] = int32_t(i), xs[p] = x[i], As[p] = A[i], Ahs[p] = Ah[i], reach[p] = near_end[key[i]];
+  }
+  for (int64_t p = 0; p < n; ++p) starts[p] = double(std::max<int64_t>(p + 1, reach[p]));
+  const double* wv[] = {As.data(), Ahs.data(), As.data()};
+  double* fv[] = {far[0].data(), far[1].data(), far[2].data()};
+  direct_row<EntropyTerms>(single, xs.data(), wv, fv, n, starts.data());
+  near_sums(single, xs.data(), As.data(), Ahs.data(), reach.data(), n, near[0].data(), near[1].data(),
+            near[2].data());
+  for (int64_t p = 0; p < n; ++p) {
+    const int64_t j = order[p];
+    Z[j] = far[0][p] + near[0][p], Q[j] = far[1][p] + near[1][p], F[j] = far[2][p] + near[2][p];
+  }
 }
 
 // ---- one vectorised pass per instruction set ----------------------------------
@@ -1831,7 +2052,9 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
     exp_shifted(lr, sc.top, A.data(), n, direct && single);
     const double guard = direct ? flush_for_direct(A, n, single) : kUnderflowGuard;
     for (int64_t i = 0; i < n; ++i) Ah[i] = A[i] == 0 ? 0.0 : A[i] * hr[i];
-    if (direct) {  // Z, Σ A h |y| and Σ A φ(y) in one pass
+    if (direct && n >= kNearSeriesMinRow && n < (int64_t(1) << 24) && sc.xmax <= kNearMaxAbs && near_series()) {
+      entropy_sums_split(single, xr, A.data(), Ah.data(), n, Z.data(), Q.data(), F.data());  // near pairs by the series
+    } else if (direct) {  // Z, Σ A h |y| and Σ A φ(y) in one pass
       const double* wv[] = {A.data(), Ah.data(), A.data()};
       double* ov[] = {Z.data(), Q.data(), F.data()};
       direct_row<EntropyTerms>(single, xr, wv, ov, n);

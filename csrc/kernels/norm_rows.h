@@ -38,14 +38,20 @@
 //           outlier). Terms with |1 + x_i t| < δ (x_i within a relative δ of
 //           −1/t, where Σw + t·Σw·x would cancel) are summed directly.
 //   entropy: Z and Σ w h |y| as the sums above, plus Σ_{i≠j} w_i φ(y_ij),
-//           φ(y) = |y| log|y|, which separates in no way: the direct pair pass
-//           (φ_ij = φ_ji: N(N−1)/2 logarithms), O(N²/L), never storing the
-//           block — on rows of ≤ 1 024 float32 / 512 float64 elements one pass for
-//           all three sums (N = 768: 142 vs 169 µs a row with the sorted sums beside it). It is bound by vector throughput (the row stays
-//           in L1: no cache blocking pays; blocking 2–4 rows measured no
-//           gain), so its cost is the log: float rows (float32 graphs) take
-//           log|y| from a 16-entry table by one permute (AVX-512 / AVX2: ~17
-//           vector operations a pair-vector instead of ~26, −30 %).
+//           φ(y) = |y| log|y|, which separates in no way over the whole row: the
+//           direct pair pass (φ_ij = φ_ji: N(N−1)/2 logarithms), O(N²/L), never
+//           storing the block — on rows of ≤ 1 024 float32 / 512 float64
+//           elements one pass for all three sums (N = 768: 142 vs 169 µs a row
+//           with the sorted sums beside it). It is bound by vector throughput
+//           (the row stays in L1: no cache blocking pays; blocking 2–4 rows
+//           measured no gain), so its cost is the log: float rows (float32
+//           graphs) take log|y| from a 16-entry table by one permute (AVX-512 /
+//           AVX2: ~17 vector operations a pair-vector instead of ~26, −30 %).
+//           Rows of 32 or more split it: the near pairs (|x_i x_j| ≤ 3/4, where
+//           φ(1 + t) is a polynomial in t to the precision's accuracy) by moments
+//           of the weights, O(N·K), only the far ones by the pair pass (22 % of
+//           the pairs on the real MiniLM's rows; N = 384 float: ~35 vs ~52 µs a
+//           row). See entropy_sums_split in norm_rows.cpp.
 //   max (max_abs, viterbi; values only) and max_prod, rows of ≤ 896 / 768
 //           float32 or 384 float64 elements: the direct pair pass with maxima (max_prod: maxima and
 //           minima of M_i y and m_i y over the edges) instead of sums, O(N²/L)
