@@ -975,7 +975,7 @@ bool near_series() {
 }
 
 #pragma GCC push_options
-#pragma GCC optimize("O3")
+#pragma GCC optimize("O3", "fp-contract=fast")  // (multiply-adds fused: one rounding fewer)
 // The powers x^0..x^(8·NV − 1) in NV vectors of 8 doubles, lanes past K zero:
 // the first vector by three products (depth 3, not a chain of 7), the
 // others by x^8 each.
@@ -1003,9 +1003,15 @@ inline __attribute__((always_inline)) void near_sums_impl(const double* x, const
   };
   Doubles8 c[NV] = {};  // the polynomial's coefficients at the places of W_k
   for (int k = 1; k <= K; ++k) c[k / 8][k % 8] = series[k - 1];
+  // Each x_i's powers, once (they serve up to four times: the prefix, the
+  // window, and the two parts of the outputs).
+  thread_local std::vector<double> power_storage;
+  power_storage.resize(8 * NV * n + 8);
+  Doubles8* powers =
+      reinterpret_cast<Doubles8*>((reinterpret_cast<uintptr_t>(power_storage.data()) + 63) & ~uintptr_t(63));
+  for (int64_t i = 0; i < n; ++i) powers_of<K, NV>(x[i], powers + i * NV);
   auto add = [&](int64_t i, Moments& m) __attribute__((always_inline)) {
-    Doubles8 p[NV];
-    powers_of<K, NV>(x[i], p);
+    const Doubles8* p = powers + i * NV;
     for (int q = 0; q < NV; ++q) m.W[q] += w[i] * p[q];
     m.V0 += v[i], m.V1 += v[i] * x[i];
   };
@@ -1018,8 +1024,8 @@ inline __attribute__((always_inline)) void near_sums_impl(const double* x, const
   Doubles8* F_lanes =
       reinterpret_cast<Doubles8*>((reinterpret_cast<uintptr_t>(lane_storage.data()) + 63) & ~uintptr_t(63));
   auto eval = [&](int64_t j, const Moments& m, double& z, double& q, Doubles8& f) __attribute__((always_inline)) {
-    Doubles8 p[NV], lanes = {};
-    powers_of<K, NV>(x[j], p);
+    const Doubles8* p = powers + j * NV;
+    Doubles8 lanes = {};
     for (int u = 0; u < NV; ++u) lanes += c[u] * p[u] * m.W[u];
     f = lanes;
     z = m.W[0][0] + x[j] * m.W[0][1];
