@@ -233,6 +233,31 @@ def test_entropy_near_pairs_by_series(kind, N, dtype, monkeypatch):
                 assert err <= 2 * (pairs[c][finite] - want[c][finite]).abs().max() + 1e-6, what
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("kind", ["layer_norm", "outliers", "near_sign_change"])
+def test_entropy_long_rows_split_by_default(kind, dtype, monkeypatch):
+    """Rows past the pair pass's cut-off (1 024 float / 512 float64 elements) take the split too unless
+    TORCH_SEMIRING_NORM_PASS=sorted: against the block version and the sorted scheme."""
+    monkeypatch.delenv("TORCH_SEMIRING_NORM_PASS", raising=False)
+    monkeypatch.delenv("TORCH_SEMIRING_NORM_SERIES", raising=False)
+    sr = make("entropy")
+    g = torch.Generator().manual_seed(zlib.crc32(f"entropy-long/{kind}/{dtype}".encode()))
+    N = 1100
+    x = rows_of(kind, 2, N, g).to(dtype).double()
+    a = random_value(sr, (2, N), g, 4.0).to(dtype).double()
+    want = sr.generic_norm_offdiagonal(a, x)
+    got = sr.norm_offdiagonal(a.to(dtype), x.to(dtype)).double()
+    monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", "sorted")
+    sorted_sums = sr.norm_offdiagonal(a.to(dtype), x.to(dtype)).double()
+    for c in range(got.shape[0]):
+        if dtype == torch.float64:
+            assert_values_equal(got[c], want[c], "entropy", f"{kind}/component {c}")
+        else:
+            finite = torch.isfinite(want[c])
+            torch.testing.assert_close(got[c][finite], want[c][finite], rtol=2e-4, atol=2e-4)
+            torch.testing.assert_close(got[c][finite], sorted_sums[c][finite], rtol=2e-4, atol=2e-4)
+
+
 def test_near_series_header_is_generated():
     pytest.importorskip("mpmath")
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_near_series.py"), "--check"],

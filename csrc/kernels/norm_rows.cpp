@@ -767,6 +767,10 @@ bool scheme_forced() {
   const char* forced = std::getenv("TORCH_SEMIRING_NORM_PASS");
   return forced && (std::string(forced) == "direct" || std::string(forced) == "sorted");
 }
+bool sorted_forced() {
+  const char* forced = std::getenv("TORCH_SEMIRING_NORM_PASS");
+  return forced && std::string(forced) == "sorted";
+}
 
 // count on float rows: out_j = Σ_{i≠j} w_i [y_ij ≠ 0], y = 1 + x_i x_j rounded
 // once from the exact product (as the float pair pass's one_plus_exact), is 0
@@ -962,8 +966,12 @@ void direct_row(bool single, const double* x, const double* const* w, double* co
 // layer-norm rows 78 % of the pairs are near (bucket bounds), and the far
 // pass visits 27 % of the lanes of the plain one; a row of 384 floats took
 // ~35 instead of ~52 µs (benchmarks/README.md, 2026-11-27 20:28).
-// Rows shorter than this keep the plain pair pass (the sort and the moments
-// cost about as much as the pairs they save there).
+// Rows shorter than this keep the plain pair pass (the ordering and the
+// moments cost about as much as the pairs they save there). Longer rows take
+// the split at any length, past the pair pass's cut-off too (µs a row, float,
+// heavy-tailed layer-norm rows, split / plain pass or sorted sums,
+// 2026-11-27: N = 384 36 / 40 (Gaussian rows 39 / 41), 768 118 / 200,
+// 1024 110 / 232, 2048 409 / 940; float64 384 95 / 177, 1024 398 / 1168).
 constexpr int64_t kNearSeriesMinRow = 32;
 // Rows with a larger |x| keep the pair pass: x^42 stays below 2^672, so no
 // moment overflows (and a near x_j^k that underflows multiplies a finite one).
@@ -2041,7 +2049,12 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
                                                 const at::Tensor& x_in) {
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
   const bool single = x_in.scalar_type() == at::kFloat;  // φ pass in the graph's precision
-  const bool direct = direct_pays(n, kDirectEntropy(single));
+  const bool pairs = direct_pays(n, kDirectEntropy(single));
+  // The split (near pairs by the polynomial, the far ones by the pair pass)
+  // beats both schemes at any length it takes (see kNearSeriesMinRow): it is
+  // the direct scheme's, at any length but where TORCH_SEMIRING_NORM_PASS=sorted
+  // (or TORCH_SEMIRING_NORM_SERIES=0) says otherwise.
+  const bool may_split = n >= kNearSeriesMinRow && n < (int64_t(1) << 24) && !sorted_forced() && near_series();
   auto out = over_rows({l_in, h_in, x_in}, {Holds::LogValues, Holds::Finite, Holds::Finite}, 2,
                        [=](int64_t, const double* const* in, double* const* o) {
     thread_local SumRow<2> row;
@@ -2055,10 +2068,12 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
       std::fill(oh, oh + n, 0.0);
       return;
     }
+    const bool split = may_split && sc.xmax <= kNearMaxAbs;
+    const bool direct = split || pairs;  // the pair pass's precision and flush
     exp_shifted(lr, sc.top, A.data(), n, direct && single);
     const double guard = direct ? flush_for_direct(A, n, single) : kUnderflowGuard;
     for (int64_t i = 0; i < n; ++i) Ah[i] = A[i] == 0 ? 0.0 : A[i] * hr[i];
-    if (direct && n >= kNearSeriesMinRow && n < (int64_t(1) << 24) && sc.xmax <= kNearMaxAbs && near_series()) {
+    if (split) {
       entropy_sums_split(single, xr, A.data(), Ah.data(), n, Z.data(), Q.data(), F.data());  // near pairs by the series
     } else if (direct) {  // Z, Σ A h |y| and Σ A φ(y) in one pass
       const double* wv[] = {A.data(), Ah.data(), A.data()};

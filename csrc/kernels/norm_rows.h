@@ -47,11 +47,13 @@
 //           measured no gain), so its cost is the log: float rows (float32
 //           graphs) take log|y| from a 16-entry table by one permute (AVX-512 /
 //           AVX2: ~17 vector operations a pair-vector instead of ~26, −30 %).
-//           Rows of 32 or more split it: the near pairs (|x_i x_j| ≤ 3/4, where
-//           φ(1 + t) is a polynomial in t to the precision's accuracy) by moments
-//           of the weights, O(N·K), only the far ones by the pair pass (22 % of
-//           the pairs on the real MiniLM's rows; N = 384 float: ~35 vs ~52 µs a
-//           row). See entropy_sums_split in norm_rows.cpp.
+//           Rows of 32 or more split it, at any length: the near pairs
+//           (|x_i x_j| ≤ 3/4, where φ(1 + t) is a polynomial in t to the
+//           precision's accuracy) by moments of the weights, O(N·K), only the
+//           far ones by the pair pass (22 % of the pairs on the real MiniLM's
+//           rows; N = 384 float: ~29 vs ~52 µs a row; N = 2048 float, beyond
+//           the pair pass's cut-off: 409 vs 940 µs with the sorted sums). See
+//           entropy_sums_split in norm_rows.cpp.
 //   max (max_abs, viterbi; values only) and max_prod, rows of ≤ 896 / 768
 //           float32 or 384 float64 elements: the direct pair pass with maxima (max_prod: maxima and
 //           minima of M_i y and m_i y over the edges) instead of sums, O(N²/L)
