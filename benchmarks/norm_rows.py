@@ -5,11 +5,15 @@ For each semiring with a row kernel and each row length, the time of
 x a layer-normalised row, a random semiring value), per row, with the direct
 passes (TORCH_SEMIRING_NORM_PASS=direct), with the sorted sums / envelopes /
 pruned merge (=sorted) and with the default choice (=auto: by row length, and
-count's float rows by their totals), alternated, best of `--repeats` medians.
+count's float rows by their totals; entropy's rows of 32 or more split into near
+pairs by a polynomial and far pairs by the pair pass, at any length), alternated,
+best of `--repeats` medians; for entropy also the pair pass without the split
+(TORCH_SEMIRING_NORM_SERIES=0, column `pairs`). --heavy: rows with four outlier
+columns (×8 before the normalisation), as a transformer's residual stream has.
 What the cut-offs in norm_rows.cpp (kDirectMax, kDirectMaxTopK) are chosen
 from. One thread. A benchmark, not a test.
 
-    PYTHONPATH=python python benchmarks/norm_rows.py [--n 384,768,1024] [--semirings abs,kmax] [--repeats 5]
+    PYTHONPATH=python python benchmarks/norm_rows.py [--n 384,768,1024] [--semirings abs,kmax] [--repeats 5] [--heavy]
 """
 from __future__ import annotations
 
@@ -40,7 +44,8 @@ def value(sr, shape, g):
 
 
 def per_row_us(sr, a, x, scheme, calls):
-    os.environ["TORCH_SEMIRING_NORM_PASS"] = scheme
+    os.environ["TORCH_SEMIRING_NORM_SERIES"] = "0" if scheme == "pairs" else "1"
+    os.environ["TORCH_SEMIRING_NORM_PASS"] = "direct" if scheme == "pairs" else scheme
     sr.norm_offdiagonal(a, x)  # warm-up
     times = []
     for _ in range(calls):
@@ -57,24 +62,32 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                     help="the rows' dtype: the direct pass runs in it (float32: twice the lanes)")
+    ap.add_argument("--heavy", action="store_true", help="four outlier columns in each row")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     print(one_thread_header(f"µs per row of {ROWS} ({args.dtype}), best of {args.repeats} medians"))
     # auto: the default choice (by row length; count's float rows by their totals, norm_rows.cpp count_by_totals)
-    print(f"{'semiring':10s} {'N':>5s} {'direct':>9s} {'sorted':>9s} {'auto':>9s}")
+    print(f"{'semiring':10s} {'N':>5s} {'direct':>9s} {'sorted':>9s} {'auto':>9s} {'pairs':>9s}")
     for name in args.semirings.split(","):
         sr = _C.make_semiring(name, 4 if name == "kmax" else 1)
         for n in (int(v) for v in args.n.split(",")):
             g = torch.Generator().manual_seed(n)
-            x = F.layer_norm(torch.randn(ROWS, n, generator=g, dtype=torch.float64), (n,)).to(dtype)
+            x = torch.randn(ROWS, n, generator=g, dtype=torch.float64)
+            if args.heavy:
+                x[:, :4] *= 8
+            x = F.layer_norm(x, (n,)).to(dtype)
             a = value(sr, (ROWS, n), g).to(dtype)
             calls = max(3, int(2e5 / (n * n) * 8))
             best = {"direct": float("inf"), "sorted": float("inf"), "auto": float("inf")}
+            if name == "entropy":
+                best["pairs"] = float("inf")
             for _ in range(args.repeats):
                 for scheme in best:
                     best[scheme] = min(best[scheme], per_row_us(sr, a, x, scheme, calls))
-            print(f"{name:10s} {n:5d} {best['direct']:9.1f} {best['sorted']:9.1f} {best['auto']:9.1f}", flush=True)
+            pairs = f"{best['pairs']:9.1f}" if "pairs" in best else f"{'':9s}"
+            print(f"{name:10s} {n:5d} {best['direct']:9.1f} {best['sorted']:9.1f} {best['auto']:9.1f} {pairs}", flush=True)
     os.environ.pop("TORCH_SEMIRING_NORM_PASS", None)
+    os.environ.pop("TORCH_SEMIRING_NORM_SERIES", None)
     return 0
 
 
