@@ -349,6 +349,17 @@ def test_layer_norm_matches_reference(semiring, kind):
         assert_values_equal(a, e, semiring, f"layer norm ({kind})/{semiring}/{name}")
 
 
+@pytest.mark.parametrize("kind", ["random", "ties", "zeros", "outliers"])
+def test_layer_norm_entropy_split_rows_match_reference(kind):
+    # rows of 40 (≥ 32): entropy's layer-norm rows take the near pairs by the
+    # polynomial in moments and the far ones by the pair pass, in float64
+    outputs, inputs = _layer_norm_graph(kind, 40, 5)
+    expected = reference_values(outputs, inputs, "entropy")
+    actual = ts.grad(outputs, inputs, semiring="entropy")
+    for a, e, name in zip(actual, expected, ["x", "weight", "bias"]):
+        assert_values_equal(a, e, "entropy", f"layer norm N=40 ({kind})/entropy/{name}")
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 @pytest.mark.parametrize("weighted", ["weight", "no weight", "2-d shape"])
 def test_layer_norm_fused_weights_equal_the_aten_expressions(weighted, dtype, monkeypatch):
