@@ -258,6 +258,32 @@ def test_entropy_long_rows_split_by_default(kind, dtype, monkeypatch):
             torch.testing.assert_close(got[c][finite], sorted_sums[c][finite], rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("dtype, short, long", [(torch.float32, 200, 240), (torch.float64, 72, 88)])
+def test_entropy_split_by_row_length(dtype, short, long, monkeypatch):
+    """Unset (or auto), TORCH_SEMIRING_NORM_SERIES splits the rows of 224 floats / 80 float64 or more: the
+    same numbers, bit for bit, as the split forced (=1) there and as the pair pass alone (=0) below. A
+    value that is no setting is refused with the ones that are."""
+    monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", "direct")
+    sr = make("entropy")
+    g = torch.Generator().manual_seed(7)
+    for n, same_as in ((short, "0"), (long, "1")):
+        x = F.layer_norm(torch.randn(3, n, generator=g, dtype=D), (n,)).to(dtype)
+        a = random_value(sr, (3, n), g, 2.0).to(dtype)
+        monkeypatch.setenv("TORCH_SEMIRING_NORM_SERIES", "auto")
+        auto = sr.norm_offdiagonal(a, x)
+        monkeypatch.delenv("TORCH_SEMIRING_NORM_SERIES")
+        unset = sr.norm_offdiagonal(a, x)
+        monkeypatch.setenv("TORCH_SEMIRING_NORM_SERIES", same_as)
+        forced = sr.norm_offdiagonal(a, x)
+        monkeypatch.setenv("TORCH_SEMIRING_NORM_SERIES", "1" if same_as == "0" else "0")
+        other = sr.norm_offdiagonal(a, x)
+        assert torch.equal(auto, forced) and torch.equal(unset, forced), (n, dtype)
+        assert not torch.equal(other, forced), (n, dtype)  # the two schemes round differently
+    monkeypatch.setenv("TORCH_SEMIRING_NORM_SERIES", "yes")
+    with pytest.raises(RuntimeError, match=r"TORCH_SEMIRING_NORM_SERIES=yes is not a setting: use 1 .*, 0 .* or auto"):
+        sr.norm_offdiagonal(a, x)
+
+
 def test_near_series_header_is_generated():
     pytest.importorskip("mpmath")
     done = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_near_series.py"), "--check"],
@@ -350,9 +376,11 @@ def test_layer_norm_matches_reference(semiring, kind):
 
 
 @pytest.mark.parametrize("kind", ["random", "ties", "zeros", "outliers"])
-def test_layer_norm_entropy_split_rows_match_reference(kind):
-    # rows of 40 (≥ 32): entropy's layer-norm rows take the near pairs by the
-    # polynomial in moments and the far ones by the pair pass, in float64
+def test_layer_norm_entropy_split_rows_match_reference(kind, monkeypatch):
+    # rows of 40, split (TORCH_SEMIRING_NORM_SERIES=1): entropy's layer-norm rows
+    # take the near pairs by the polynomial in moments and the far ones by the
+    # pair pass, in float64
+    monkeypatch.setenv("TORCH_SEMIRING_NORM_SERIES", "1")  # (by default rows this short keep the pair pass)
     outputs, inputs = _layer_norm_graph(kind, 40, 5)
     expected = reference_values(outputs, inputs, "entropy")
     actual = ts.grad(outputs, inputs, semiring="entropy")

@@ -965,21 +965,30 @@ void direct_row(bool single, const double* x, const double* const* w, double* co
 // K-term products — beside the far pairs' vector steps. On the real MiniLM's
 // layer-norm rows 78 % of the pairs are near (bucket bounds), and the far
 // pass visits 27 % of the lanes of the plain one; a row of 384 floats took
-// ~35 instead of ~52 µs (benchmarks/README.md, 2026-11-27 20:28).
+// ~29 instead of ~52 µs (benchmarks/README.md, 2026-11-27 20:28).
 // Rows shorter than this keep the plain pair pass (the ordering and the
-// moments cost about as much as the pairs they save there). Longer rows take
-// the split at any length, past the pair pass's cut-off too (µs a row, float,
-// heavy-tailed layer-norm rows, split / plain pass or sorted sums,
-// 2026-11-27: N = 384 36 / 40 (Gaussian rows 39 / 41), 768 118 / 200,
-// 1024 110 / 232, 2048 409 / 940; float64 384 95 / 177, 1024 398 / 1168).
-constexpr int64_t kNearSeriesMinRow = 32;
+// moments cost as much as the pairs they save there); longer ones take the
+// split at any length, past the pair pass's cut-off too. µs a row
+// (benchmarks/norm_rows.py --semirings entropy --heavy, 2026-11-27, split /
+// pair pass alone / sorted sums): float 128 8.5 / 7.7, 192 20.8 / 13.2 (14 / 13
+// on Gaussian rows), 256 16.9 / 21.1, 384 45.8 / 59.9, 768 112 / 211 / 242,
+// 2048 500 / 1524 / 1190; float64 64 6.3 / 6.4, 96 8.7 / 10.0, 128 11.7 / 18.3,
+// 384 78.5 / 190.0.
+constexpr int64_t kNearSeriesMinRow[2] = {80, 224};  // float64, float rows
 // Rows with a larger |x| keep the pair pass: x^42 stays below 2^672, so no
 // moment overflows (and a near x_j^k that underflows multiplies a finite one).
 constexpr double kNearMaxAbs = 65536.0;
-// TORCH_SEMIRING_NORM_SERIES=0 turns the split off (tests compare both; read per row).
-bool near_series() {
+// Whether a row of n takes the split. TORCH_SEMIRING_NORM_SERIES=1 splits
+// every row of two or more (tests: short rows too), 0 none, unset or auto by
+// the row length above; read per call.
+bool near_series_pays(int64_t n, bool single) {
   const char* v = std::getenv("TORCH_SEMIRING_NORM_SERIES");
-  return !(v && std::strcmp(v, "0") == 0);
+  const std::string mode = v ? v : "";
+  TORCH_CHECK(mode.empty() || mode == "auto" || mode == "0" || mode == "1", "TORCH_SEMIRING_NORM_SERIES=", mode,
+              " is not a setting: use 1 (split every row), 0 (never) or auto (unset: by row length)");
+  if (mode == "0") return false;
+  if (mode == "1") return n >= 2;
+  return n >= kNearSeriesMinRow[single ? 1 : 0];
 }
 
 #pragma GCC push_options
@@ -2054,7 +2063,7 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
   // beats both schemes at any length it takes (see kNearSeriesMinRow): it is
   // the direct scheme's, at any length but where TORCH_SEMIRING_NORM_PASS=sorted
   // (or TORCH_SEMIRING_NORM_SERIES=0) says otherwise.
-  const bool may_split = n >= kNearSeriesMinRow && n < (int64_t(1) << 24) && !sorted_forced() && near_series();
+  const bool may_split = n < (int64_t(1) << 24) && !sorted_forced() && near_series_pays(n, single);
   auto out = over_rows({l_in, h_in, x_in}, {Holds::LogValues, Holds::Finite, Holds::Finite}, 2,
                        [=](int64_t, const double* const* in, double* const* o) {
     thread_local SumRow<2> row;

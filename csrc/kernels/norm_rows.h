@@ -47,7 +47,7 @@
 //           measured no gain), so its cost is the log: float rows (float32
 //           graphs) take log|y| from a 16-entry table by one permute (AVX-512 /
 //           AVX2: ~17 vector operations a pair-vector instead of ~26, −30 %).
-//           Rows of 32 or more split it, at any length: the near pairs
+//           Rows of 224 floats (80 float64) or more split it, at any length: the near pairs
 //           (|x_i x_j| ≤ 3/4, where φ(1 + t) is a polynomial in t to the
 //           precision's accuracy) by moments of the weights, O(N·K), only the
 //           far ones by the pair pass (22 % of the pairs on the real MiniLM's
