@@ -100,6 +100,9 @@ def test_kernel_strided_operands(name, dtype, isa):
     w = make_weights((6, 5), gen, dtype).expand(3, 6, 5)
     check(name, g, w)
     assert C == g.size(0)
+    # g transposed with a batched w: the attention rule's k edge, matmul(Xᵀ, q)
+    g = make_value(name, (3, 23, 17), gen, dtype).transpose(-1, -2)  # (C, 3, 17, 23)
+    check(name, g, make_weights((3, 23, 9), gen, dtype))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

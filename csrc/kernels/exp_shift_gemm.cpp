@@ -55,6 +55,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 namespace torch_semiring {
@@ -158,36 +159,6 @@ void recompute_exact(const Tensor& a, const Tensor& h, const Tensor& lw, const T
 
 // ---- stage 1 ----------------------------------------------------------------
 
-// The per-weight factors of stage 1 (w: (…, K, N)), all made once per weight
-// version when w is cached:
-//   0: t, the column shifts max_k log|w| (…, 1, N), clamped to the lowest
-//      finite value (a column without edges: Q = e^{−∞} = 0 there);
-//   1: the suspect threshold per column (…, 1, N): K·tiny·4/eps, or −∞ for a
-//      column without edges (nothing to lose there);
-//   2: Q = |w|e^{−t} (…, K, N);
-//   3: for entropy, QL = Q∘log|w| (0 where w = 0: no edge).
-// Empty when w is not finite (NaN or +∞ in max_k log|w|): the product declines.
-Prepared weight_factors(const Tensor& w, bool entropy) {
-  const bool single = w.scalar_type() == at::kFloat;
-  const double lowest = single ? double(std::numeric_limits<float>::lowest()) : std::numeric_limits<double>::lowest();
-  const double tiny = single ? std::numeric_limits<float>::min() : std::numeric_limits<double>::min();
-  const double eps = single ? std::numeric_limits<float>::epsilon() : std::numeric_limits<double>::epsilon();
-  auto lw = w.abs().log_();
-  auto t = lw.amax(-2, /*keepdim=*/true);
-  if (!t.lt(kInf).all().item<bool>()) return {};
-  auto threshold = at::full_like(t, double(w.size(-2)) * tiny * 4 / eps).masked_fill_(t.eq(-kInf), -kInf);
-  t.clamp_min_(lowest);
-  auto Q = (lw - t).exp_();
-  if (!entropy) return {t, threshold, Q};
-  auto QL = (Q * lw).masked_fill_(Q.eq(0), 0.0);  // 0·(−∞) where there is no edge
-  return {t, threshold, Q, QL};
-}
-
-Prepared factors_of(const Tensor& w, bool entropy) {
-  return prepared_weight(w, entropy ? "exp_shift: t, threshold, Q, Q log|w|" : "exp_shift: t, threshold, Q",
-                         [entropy](const Tensor& x) { return weight_factors(x, entropy); });
-}
-
 // The element-wise passes of stage 1 over rows of the output, compiled with
 // -O3 and cloned for AVX-512 / AVX2 / baseline (picked at load time) so that
 // they vectorise: the build's -O2 would leave them scalar, and a scalar
@@ -230,8 +201,71 @@ TS_ELEMENTWISE void add_shifts(double* r, double s, const double* t, int64_t n) 
 TS_ELEMENTWISE bool all_finite(const float* x, int64_t n) { return all_finite_impl(x, n); }
 TS_ELEMENTWISE bool all_finite(const double* x, int64_t n) { return all_finite_impl(x, n); }
 
+// q := q / m where m > 0, else 0 (a column without edges): Q from |w|.
+template <class T>
+inline __attribute__((always_inline)) void divide_columns_impl(T* q, const T* m, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) q[i] = m[i] > T(0) ? q[i] / m[i] : T(0);
+}
+// l := q·l where q > 0, else 0 (0·(−∞) where there is no edge): QL from log|w|.
+template <class T>
+inline __attribute__((always_inline)) void times_log_impl(T* l, const T* q, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) l[i] = q[i] > T(0) ? q[i] * l[i] : T(0);
+}
+TS_ELEMENTWISE void divide_columns(float* q, const float* m, int64_t n) { divide_columns_impl(q, m, n); }
+TS_ELEMENTWISE void divide_columns(double* q, const double* m, int64_t n) { divide_columns_impl(q, m, n); }
+TS_ELEMENTWISE void times_log(float* l, const float* q, int64_t n) { times_log_impl(l, q, n); }
+TS_ELEMENTWISE void times_log(double* l, const double* q, int64_t n) { times_log_impl(l, q, n); }
+
 #undef TS_ELEMENTWISE
 #pragma GCC pop_options
+
+// The per-weight factors of stage 1 (w: (…, K, N)), all made once per weight
+// version when w is cached:
+//   0: t, the column shifts log max_k |w| (…, 1, N), clamped to the lowest
+//      finite value (a column without edges: Q = 0 there);
+//   1: the suspect threshold per column (…, 1, N): K·tiny·4/eps, or −∞ for a
+//      column without edges (nothing to lose there);
+//   2: Q = |w|e^{−t} = |w| / max_k |w| (…, K, N), by a division (correctly
+//      rounded, where e^{log|w| − t} carried log's error times |log|w| − t|);
+//   3: for entropy, QL = Q∘log|w| (0 where Q = 0: no edge, or lost to underflow).
+// Empty when w is not finite (NaN or +∞ in max_k |w|): the product declines.
+// Cost: |w|, its column maxima and one fused pass (entropy: + a log pass) —
+// for the attention's P, an activation prepared on every call, this replaced
+// ~10 ATen passes and their temporaries (~1.5 ms a node at 128 tokens).
+Prepared weight_factors(const Tensor& w, bool entropy) {
+  const bool single = w.scalar_type() == at::kFloat;
+  const double lowest = single ? double(std::numeric_limits<float>::lowest()) : std::numeric_limits<double>::lowest();
+  const double tiny = single ? std::numeric_limits<float>::min() : std::numeric_limits<double>::min();
+  const double eps = single ? std::numeric_limits<float>::epsilon() : std::numeric_limits<double>::epsilon();
+  auto Q = at::empty(w.sizes(), w.options());  // |w| first, then Q in place
+  at::abs_out(Q, w);
+  auto m = Q.amax(-2, /*keepdim=*/true);  // NaN propagates
+  if (!m.lt(kInf).all().item<bool>()) return {};
+  auto t = m.log();
+  auto threshold = at::full_like(t, double(w.size(-2)) * tiny * 4 / eps).masked_fill_(m.eq(0), -kInf);
+  t.clamp_min_(lowest);
+  Tensor QL;
+  if (entropy) QL = Q.log();  // log|w|, made Q∘log|w| below
+  const int64_t K = w.size(-2), N = w.size(-1), entries = Q.numel() / std::max<int64_t>(K * N, 1);
+  AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "exp_shift weight factors", [&] {
+    scalar_t* q = Q.data_ptr<scalar_t>();
+    scalar_t* ql = entropy ? QL.data_ptr<scalar_t>() : nullptr;
+    const scalar_t* mp = m.data_ptr<scalar_t>();
+    for (int64_t b = 0; b < entries; ++b)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t row = (b * K + k) * N;
+        divide_columns(q + row, mp + b * N, N);
+        if (entropy) times_log(ql + row, q + row, N);
+      }
+  });
+  if (!entropy) return {t, threshold, Q};
+  return {t, threshold, Q, QL};
+}
+
+Prepared factors_of(const Tensor& w, bool entropy) {
+  return prepared_weight(w, entropy ? "exp_shift: t, threshold, Q, Q log|w|" : "exp_shift: t, threshold, Q",
+                         [entropy](const Tensor& x) { return weight_factors(x, entropy); });
+}
 
 // s := max(s, lowest) in place, row_live := s > −∞; false if s holds NaN or
 // +∞ (ℓ had one in that row). s: contiguous (B·M), a few hundred values.
@@ -275,13 +309,23 @@ Tensor exp_shift_product(const Tensor& a, const Tensor& h, const Tensor& w, cons
     // once), then A −= P·(Q∘log|w|) accumulates in place.
     auto shape = a.sizes().vec();
     shape.insert(shape.begin(), 2);
-    auto PS = at::empty(shape, opts);
+    // In a's layout: a transposed a (the attention's k edge: g = Xᵀ) gets a
+    // transposed PS, so the passes below run along memory, not across it
+    // (5× slower), and the GEMM reads PS transposed (MKL's transA, no copy).
+    const bool transposed = a.dim() >= 2 && a.stride(-1) != 1 && a.stride(-2) == 1;
+    if (transposed) std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
+    auto PS = transposed ? at::empty(shape, opts).transpose(-1, -2) : at::empty(shape, opts);
     auto P = PS.select(0, 0), Ph = PS.select(0, 1);
     at::sub_out(P, a, s).exp_();
     at::mul_out(Ph, P, h);
     if (!all_finite(Ph.data_ptr<T>(), Ph.numel())) return {};  // P ∈ [0, 1]: P∘h is finite iff h is
-    at::matmul_out(out, PS, Q);
     D = out.select(0, 1);
+    if (Q.dim() == 2 && !transposed) {
+      at::matmul_out(out, PS, Q);
+    } else {  // a batched w (the attention's P): one product per component, as at::matmul would
+      at::matmul_out(l, P, Q);  // broadcast Q over the component dim by a copy (4× the two GEMMs' time there)
+      at::matmul_out(D, Ph, Q);
+    }
     const Tensor& QL = factors[3];
     if (QL.dim() == 2) {
       auto D2 = D.view({-1, N});
