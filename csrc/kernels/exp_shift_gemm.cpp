@@ -33,7 +33,9 @@
 //     cache (lift_cache.h) when w is a saved leaf operand;
 //   per call — s (a max over each row of ℓ), P = e^{ℓ−s}; for entropy P and
 //     P∘h stacked like the output's two components, so that ONE GEMM call
-//     [P; P∘h]·Q gives Z and A (Q packed once for both), and B is subtracted
+//     [P; P∘h]·Q gives Z and A (Q packed once for both; a batched w — the
+//     attention's P — one bmm per component instead, as at::matmul would
+//     copy Q per component), and B is subtracted
 //     in place by a second (A −= P·QL, beta = 1): the three-GEMM floor of
 //     entropy in two calls, written straight into the output; then one pass
 //     over the output for h = (A − B)/Z and the suspect test
@@ -47,7 +49,10 @@
 // work in 2 calls + 5 passes over M·K + 4 over M·N. The M·N passes are
 // vectorised (TS_CPU_CLONES). Measured at 64 tokens (Llama shapes): log
 // ~1.2×, entropy ~3.0–3.4× an SGEMM of the same shape. Uncached (w an
-// activation), add ~6 passes over K·N for the factors.
+// activation), add 3 passes over K·N for the factors (|w|, its column
+// maxima, one fused pass; entropy + a log pass). A transposed g (the
+// attention's Xᵀ) keeps its layout in P and P∘h, so their passes run along
+// memory and the GEMM reads them transposed.
 #include "kernels/cpu_gemm.h"
 #include "kernels/device_gemm.h"
 #include "kernels/lift_cache.h"
