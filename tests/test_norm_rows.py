@@ -505,3 +505,79 @@ def test_pruned_max_rows_equal_the_pair_pass(semiring, kind, dtype, isa, monkeyp
             pruned = sr.norm_offdiagonal(a, x)
             torch.testing.assert_close(pruned, pair, rtol=0, atol=0, equal_nan=True,  # (+∞ weights: the generic path)
                                        msg=lambda m: f"{semiring}/{kind}/{dtype}/N={N}/spread {spread}: {m}")
+
+
+def _rows_with_outliers(R, N, g):
+    """Layer-normalised rows with four outlying columns (×8 before the norm), as a residual stream has."""
+    x = torch.randn(R, N, generator=g, dtype=D)
+    x[:, :4] *= 8
+    return F.layer_norm(x, (N,))
+
+
+@pytest.mark.parametrize("semiring", ["viterbi", "max_abs"])
+@pytest.mark.parametrize("dtype, N", [(torch.float32, 1100), (torch.float64, 520)], ids=["float32", "float64"])
+def test_pruned_max_rows_past_the_cut_off(semiring, dtype, N, monkeypatch):
+    """Past the pair pass's cut-off (896 float32 / 384 float64 elements) max_abs's and viterbi's values take
+    PrunedMaxPass by default while its survivors stay within budget (norm_rows.cpp pruned_budget): spread
+    weights on rows with outliers keep it; equal weights on rows whose |x| are nearly all small, one of them 0
+    (one |x|-group, where every bound reaches that output: N² terms survive), decline it for the envelope. Which one ran
+    is counted (_C.norm_row_stats); the values are the pair pass's (pruned) or the sorted scheme's (declined)
+    bit for bit, and agree with the block version."""
+    sr = make(semiring)
+    g = torch.Generator().manual_seed(zlib.crc32(f"pruned-past-cut-off/{semiring}/{dtype}".encode()))
+    outliers = _rows_with_outliers(3, N, g)
+    few_large = torch.randn(3, N, generator=g, dtype=D) * 0.01
+    few_large[:, :8] = torch.randn(3, 8, generator=g, dtype=D).sign() * 3
+    few_large = F.layer_norm(few_large, (N,))
+    few_large[:, 9] = 0.0  # an output of exactly w (every term w·|1 + x_i·0|): no bound falls below it
+    cases = [("spread weights, outliers", outliers, random_value(sr, (3, N), g, 5.0), "pruned_max", ("direct", "0")),
+             ("equal weights, |x| small", few_large, sr.lift(torch.ones(3, N, dtype=D)), "declined_max", ("sorted", "1"))]
+    for name, x, value, counted, same_as in cases:
+        def run(scheme, prune="1"):
+            monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", scheme)
+            monkeypatch.setenv("TORCH_SEMIRING_NORM_PRUNE", prune)
+            return sr.norm_offdiagonal(value.to(dtype), x.to(dtype))
+
+        before = _C.norm_row_stats()
+        got = run("auto")
+        after = _C.norm_row_stats()
+        assert {k: after[k] - before[k] for k in after} == {"pruned_max": 0, "declined_max": 0, "topk_lanes": 0,
+                                                             counted: 3}, f"{semiring}/{dtype}/{name}"
+        torch.testing.assert_close(got, run(*same_as), rtol=0, atol=0, equal_nan=True,
+                                   msg=lambda m: f"{semiring}/{dtype}/{name}: not {same_as}'s values: {m}")
+        want = sr.generic_norm_offdiagonal(value, x)
+        if dtype == torch.float64:
+            assert_values_equal(got[0], want[0], semiring, f"{semiring}/{name}")
+        else:
+            finite = torch.isfinite(want)
+            assert torch.equal(finite, torch.isfinite(got))
+            torch.testing.assert_close(got.double()[finite], want[finite], rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_kmax_rows_past_the_pair_cut_off(dtype, monkeypatch):
+    """kmax's rows take TopKLanes (queries in vector lanes, only the candidates that can still enter) at any
+    length below its tags' limit: 4-7x faster than the sorted merge at 1 000 to 16 000 elements, equal
+    weights included. Rows of 1 500 take it by default (counted by _C.norm_row_stats; its values bit for
+    bit) and agree with the block version."""
+    sr = _C.make_semiring("kmax", 3)
+    g = torch.Generator().manual_seed(zlib.crc32(f"kmax-past-cut-off/{dtype}".encode()))
+    N = 1500
+    x = _rows_with_outliers(2, N, g)
+    for spread in (0.3, 10.0):
+        a = random_value(sr, (2, N), g, spread)
+
+        def run(scheme):
+            monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", scheme)
+            return sr.norm_offdiagonal(a.to(dtype), x.to(dtype))
+
+        before = _C.norm_row_stats()["topk_lanes"]
+        got = run("auto")
+        assert _C.norm_row_stats()["topk_lanes"] - before == 2
+        torch.testing.assert_close(got, run("direct"), rtol=0, atol=0, equal_nan=True)
+        want = sr.generic_norm_offdiagonal(a, x)
+        for c in range(3):
+            if dtype == torch.float64:
+                assert_values_equal(got[c], want[c], "kmax", f"kmax/spread {spread}/component {c}")
+            else:
+                torch.testing.assert_close(got[c].double(), want[c], rtol=2e-4, atol=2e-4)

@@ -497,6 +497,13 @@ static inline __attribute__((always_inline)) void run(const T* x, const T* const
 // picks, G·N/L bound vectors, survivors·(group size)/L terms — against the
 // pair pass's N²/(2L). TORCH_SEMIRING_NORM_PRUNE=0 runs the pair pass instead
 // (tests compare both; read per row).
+// The bound fails where the weights leave every i a chance: flat weights give
+// the group of |x_j| near 0 outputs of ~w·1 that every i's bound reaches, so
+// all N survive there (N²/4 terms and more; at N = 4096 ~3× the envelope's
+// time). So the survivors of every group are counted before any term is
+// taken: w_rows[1][0] is a budget of terms (ordered pairs i, j); where they
+// exceed it nothing is written and out_rows[1][0] is set to 1 — the caller
+// takes another scheme (pruned_max_row).
 struct PrunedMaxPass {
   static constexpr int G = 6, P = 4;
   static constexpr double kEdges[G - 1] = {0.3, 0.6, 1.0, 1.5, 2.5};  // of |x|: a group each side
@@ -536,7 +543,8 @@ struct PrunedMaxPass {
     start[0] = 0;
     for (int g = 0; g < G; ++g) start[g + 1] = start[g] + (count[g] + L - 1) / L * L, fill[g] = start[g];
     buffer.resize(3 * start[G]);
-    survivor_buffer.resize(std::max(n, start[G]) + 16);
+    const int64_t stride = n + 16;  // each group's survivors (a compress stores whole vectors)
+    survivor_buffer.resize(std::max(start[G], G * stride) + 16);
     T* const gx = buffer.data();  // (raw pointers: a thread_local's address is looked up at each use in a .so)
     T* const gi = gx + start[G];
     T* const go = gi + start[G];
@@ -570,9 +578,11 @@ struct PrunedMaxPass {
         key[q] = k, pick[q] = i0 + l;
       }
     }
+    // per group: the outputs start as the picks' terms (never i = j), θ their
+    // smallest, and the i whose bound reaches θ, in vectors
+    int64_t ns[G] = {}, work = 0;
     for (int g = 0; g < G; ++g) {
       if (count[g] == 0) continue;
-      // the outputs start as the picks' terms (never i = j); θ their smallest
       const V none = V{} + std::numeric_limits<T>::infinity();
       V low = none;
       for (int64_t v = start[g]; v < start[g + 1]; v += L) {
@@ -586,18 +596,25 @@ struct PrunedMaxPass {
         low = fold<Fold::kMin>(low, V(iv >= 0 ? acc : none));  // pad lanes (index −1) bound nothing
       }
       const T theta = lanes_fold<Fold::kMin, T>(low);
-      // the i whose bound reaches θ, in vectors
       const T floor = theta * (T(1) - 8 * std::numeric_limits<T>::epsilon());
       const V reach_v = V{} + reach[g] * (T(1) + 8 * std::numeric_limits<T>::epsilon());
-      int64_t ns = 0;
+      int32_t* const kept = survivors + g * stride;
       for (int64_t i0 = 0; i0 < n; i0 += L) {
         const V xv = load<V>(x + i0), wv = load<V>(w + i0);
         uint32_t h = lanes_where<kAtLeast>(V(wv * (T(1) + abs_lanes<T>(xv) * reach_v)), V{} + floor);
         if (i0 + L > n) h &= (1u << (n - i0)) - 1;  // x and w are padded past n
-        ns += append_lanes<V>(survivors + ns, h, int32_t(i0));
+        ns[g] += append_lanes<V>(kept + ns[g], h, int32_t(i0));
       }
-      for (int64_t s = 0; s < ns; ++s) {
-        const int64_t i = survivors[s];
+      work += ns[g] * (start[g + 1] - start[g]);
+    }
+    if (w_rows[1] && double(work) > double(w_rows[1][0])) {
+      out_rows[1][0] = T(1);  // over budget: declined, nothing written
+      return;
+    }
+    for (int g = 0; g < G; ++g) {
+      const int32_t* const kept = survivors + g * stride;
+      for (int64_t s = 0; s < ns[g]; ++s) {
+        const int64_t i = kept[s];
         const T xi = x[i], wi = w[i], self = T(i);
         for (int64_t v = start[g]; v < start[g + 1]; v += L) {
           const V t = term<T, V>(load<V>(gx + v), xi, wi);
@@ -719,8 +736,19 @@ RowPass<T> pick_row_pass() {
 
 // Rows up to a cut-off take the direct pair pass for abs, count, log, entropy
 // and max_prod (and, when no winners are wanted, max_abs and viterbi), longer
-// ones the sorted range sums (SumRow) or the envelopes; kmax (k ≤ 8) takes
-// TopKLanes up to kDirectMaxTopK. The cut-off depends on the kernel and on
+// ones the sorted range sums (SumRow) or the envelopes. max_abs's and
+// viterbi's values go by PrunedMaxPass at any length while its survivors stay
+// within pruned_budget (then the cut-off only picks what a declined row
+// takes), and kmax (k ≤ 8) by TopKLanes up to its tags' limit, kDirectMaxTopK:
+// both visit the candidates that can win, so they stay ahead of the sorted
+// schemes far past the pair pass's cut-off (2026-11-28, float32, µs a row,
+// pruned or lanes / sorted; weights spread, then flat):
+//   N                  1024         2048         4096          8192          16384
+//   max_abs  spread  16.3 / 44.6  38.2 / 88.8  69.7 / 164              (flat: declined, the envelope + 6–12 %)
+//   viterbi  spread  18.4 / 50.4  42.2 / 92.0  82.0 / 168
+//   kmax(4)  spread    71 / 345    182 / 887    780 / 2808   1079 / 5131   2821 / 15306
+//   kmax(4)  flat     103 / 571    278 / 1534  1090 / 7415   2793 / 17392 12334 / 58231
+// The pair pass's cut-off depends on the kernel and on
 // the rows' precision: the direct pass runs in it, and float rows have twice
 // the lanes, so they keep it about twice as long. Measured cost, µs a row
 // (benchmarks/norm_rows.py: 64 rows, AVX-512, one core; direct / sorted;
@@ -749,7 +777,7 @@ struct DirectMax {
 constexpr DirectMax kDirectSums{1024, 512},  // abs, count, log
     kDirectEntropy{1024, 512}, kDirectMaxRows{896, 384},  // max_abs, viterbi
     kDirectSignedMax{768, 384};                              // max_prod
-constexpr int64_t kDirectMaxTopK = 1024;
+constexpr int64_t kDirectMaxTopK = (int64_t(1) << 24) / 8;  // TopKLanes' tags i·K + c exact in float lanes
 bool direct_pays(int64_t n, int64_t direct_max) {
   if (const char* forced = std::getenv("TORCH_SEMIRING_NORM_PASS")) {
     const std::string f = forced;
@@ -937,15 +965,43 @@ void direct_row(bool single, const double* x, const double* const* w, double* co
       convert_row(starts, ws[S].data(), n);
       wp[S] = ws[S].data();
       pick_row_pass<T, PairPass<Terms, true>>()(xs.data(), wp, op, n);
-    } else if (std::is_same<Terms, MaxAbsTerm>::value && n >= kPrunedMaxMinRow && n < (int64_t(1) << 24) &&
-               prune_rows())
-      pick_row_pass<T, PrunedMaxPass>()(xs.data(), wp, op, n);  // (indices exact in float lanes below 2^24)
-    else
+    } else {
       pick_row_pass<T, PairPass<Terms>>()(xs.data(), wp, op, n);
+    }
     for (int s = 0; s < S; ++s) convert_row(os[s].data(), out[s], n);
   };
   if (single) run(float{});
   else run(double{});
+}
+
+// max_abs's and viterbi's row maxima by PrunedMaxPass in the graph's precision
+// (single: float lanes), unless its survivors come to more than `budget` terms:
+// then false, and `out` is left as it was. x and the weights as the rows hold
+// them (float64), out in float64.
+std::atomic<int64_t> pruned_max_count{0}, declined_max_count{0}, topk_lanes_count{0};  // norm_row_stats
+
+bool pruned_max_row(bool single, const double* x, const double* w, double* out, int64_t n, double budget) {
+  bool declined = false;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    thread_local std::vector<T> xs, ws, os;
+    xs.resize(n + kPairPad), ws.resize(n + kPairPad), os.resize(n + kPairPad);
+    convert_row(x, xs.data(), n);
+    convert_row(w, ws.data(), n);
+    std::fill(xs.begin() + n, xs.end(), T(0));
+    std::fill(ws.begin() + n, ws.end(), T(0));
+    const T limit = T(budget), flag_in = T(0);
+    T flag = flag_in;
+    const T* wp[] = {ws.data(), &limit};
+    T* op[] = {os.data(), &flag};
+    pick_row_pass<T, PrunedMaxPass>()(xs.data(), wp, op, n);  // (indices exact in float lanes below 2^24)
+    declined = flag != flag_in;
+    if (!declined) convert_row(os.data(), out, n);
+  };
+  if (single) run(float{});
+  else run(double{});
+  ++(declined ? declined_max_count : pruned_max_count);
+  return !declined;
 }
 
 // ---- entropy's near pairs by a polynomial -------------------------------------------
@@ -2115,11 +2171,28 @@ std::tuple<at::Tensor, at::Tensor> entropy_rows(const at::Tensor& l_in, const at
   return {out[0], out[1]};
 }
 
+// PrunedMaxPass's budget of terms (ordered pairs) for a row of n: the pair
+// pass's n²/2 (the alternative up to the cut-off), and past it about what the
+// envelope costs, in the pruned pass's terms: the envelope takes ~0.04–0.05 µs
+// an element at N = 1024–4096 (O(N log N), a large constant), a pruned term
+// ~0.07 ns in float lanes, twice that in double (2026-11-28, benchmarks/README.md;
+// benchmarks/norm_rows.py --weights equal --few-large gives the declined rows:
+// the envelope + 6–15 %; rows it keeps cost 2–4.5× less than the envelope).
+double pruned_budget(int64_t n, bool single) {
+  const double per_element = single ? 600 : 300;
+  return std::min(0.5 * double(n) * double(n), per_element * double(n));
+}
+
 at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_space, at::Tensor* argmax) {
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
   const bool single = x_in.scalar_type() == at::kFloat;  // the direct pass in the graph's precision
   // values only: the winners come from the envelope
-  const bool direct = !argmax && direct_pays(n, kDirectMaxRows(single));
+  // The pair pass up to the cut-off; PrunedMaxPass (values only) at any length
+  // below 2^24 while its survivors stay within budget (pruned_budget), else
+  // the pair pass or, past the cut-off, the envelope.
+  const bool pairs = !argmax && direct_pays(n, kDirectMaxRows(single));
+  const bool pruned = !argmax && n >= kPrunedMaxMinRow && n < (int64_t(1) << 24) && prune_rows() &&
+                      !sorted_forced();
   auto winners = argmax ? at::empty(x_in.sizes(), x_in.options().dtype(at::kInt)) : at::Tensor();
   int32_t* pwin = argmax ? winners.data_ptr<int32_t>() : nullptr;
   auto out = over_rows({w_in, x_in}, {log_space ? Holds::LogValues : Holds::Finite, Holds::Finite}, 1,
@@ -2142,16 +2215,26 @@ at::Tensor max_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool log_spa
     const double nan = std::numeric_limits<double>::quiet_NaN();
     const double* lin = wr;  // linear-space weights
     double guard = kUnderflowGuard;
+    bool direct = pairs || pruned;  // the direct passes' weights: float lanes, tiny ones flushed
     if (log_space) {
       exp_shifted(wr, sc.top, linear.data(), n, direct && single), lin = linear.data();
       if (direct) guard = flush_for_direct(linear, n, single);  // a dropped weight never beats a kept maximum
     }
-    if (direct) {  // the max over the pairs; weights ≤ 0 and non-edges give 0, "no path"
+    // the max over the pairs; weights ≤ 0 and non-edges give 0, "no path"
+    bool done = pruned && pruned_max_row(single, xr, lin, best.data(), n, pruned_budget(n, single));
+    if (!done && pairs) {
       const double* wv[] = {lin};
       double* ov[] = {best.data()};
       direct_row<MaxAbsTerm>(single, xr, wv, ov, n);
+      done = true;
+    }
+    if (done) {
       std::fill(who, who + n, -1);
     } else {
+      if (direct && log_space) {  // declined past the cut-off: the envelope's weights as it takes them
+        exp_shifted(wr, sc.top, linear.data(), n, false);
+        guard = kUnderflowGuard;
+      }
       for (int64_t i = 0; i < n; ++i) {
         const double v = lin[i];
         alpha[2 * i] = v > 0 ? v : nan;  // weight 0: no path through i
@@ -2345,6 +2428,7 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
     if (lanes) {
       guard = flush_for_direct(linear, K * n, single);
       topk_lanes_row(single, K, xr, linear.data(), n, best.data(), pwin ? tags.data() : nullptr);
+      ++topk_lanes_count;
     } else {
       candidates.clear();
       for (int64_t i = 0; i < n; ++i)
@@ -2383,5 +2467,7 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
   if (argmax) *argmax = winners;
   return at::stack(out);
 }
+
+NormRowStats norm_row_stats() { return {pruned_max_count.load(), declined_max_count.load(), topk_lanes_count.load()}; }
 
 }  // namespace torch_semiring::kernels

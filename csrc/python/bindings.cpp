@@ -24,6 +24,7 @@
 #include "../kernels/cpu_gemm.h"
 #include "../kernels/device_gemm.h"
 #include "../kernels/lift_cache.h"
+#include "../kernels/norm_rows.h"
 #include "../paths/path_recorder.h"
 #include "../rules/attention.h"
 #include "../rules/normalization.h"
@@ -493,6 +494,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("device_elementwise_calls", &kernels::device::elementwise_calls,
         "fused element-wise ops (⊗ edge, ⊕) computed through the device kernels' C API");
   m.def("exp_shift_stats", &kernels::exp_shift_stats);
+  m.def("norm_row_stats", [] {
+    const auto st = kernels::norm_row_stats();
+    py::dict d;
+    d["pruned_max"] = st.pruned_max, d["declined_max"] = st.declined_max, d["topk_lanes"] = st.topk_lanes;
+    return d;
+  }, "layer-norm rows so far: max_abs's / viterbi's by the pruned pass, declined by it (its budget), kmax's by "
+     "vector lanes");
   // The kernels' weight-preparation cache (policy in kernels/lift_cache.h).
   m.def("lift_cache_info", [] {
     auto i = kernels::lift_cache_info();
