@@ -13,8 +13,8 @@ columns (×8 before the normalisation), as a transformer's residual stream has.
 --weights equal: every a_i the same (the worst case for max_abs's and viterbi's
 pruned pass: each |x_j| ≈ 0 output is reachable from every i), with --few-large
 rows (8 large |x|, the rest near 0: nearly every j in that group). Column
-`declined`: of the `auto` rows, how many the pruned max pass gave up for its
-budget (the envelope took them).
+`declined`: of the `auto` rows, how many the pruned max pass (max_abs, viterbi) or max_prod's
+pruned pass gave up for its budget (the pair pass or the envelope took them).
 What the cut-offs in norm_rows.cpp (kDirectMax, kDirectMaxTopK) are chosen
 from. One thread. A benchmark, not a test.
 
@@ -100,11 +100,13 @@ def main() -> int:
                 for scheme in best:
                     before = _C.norm_row_stats()
                     best[scheme] = min(best[scheme], per_row_us(sr, a, x, scheme, calls))
-                    if scheme == "auto" and name in ("max_abs", "viterbi"):
+                    kind = {"max_abs": "max", "viterbi": "max", "max_prod": "signed"}.get(name)
+                    if scheme == "auto" and kind:
                         after = _C.norm_row_stats()
-                        rows = after["pruned_max"] + after["declined_max"] - before["pruned_max"] - before["declined_max"]
+                        took, gave_up = f"pruned_{kind}", f"declined_{kind}"
+                        rows = after[took] + after[gave_up] - before[took] - before[gave_up]
                         if rows:
-                            declined = f"{(after['declined_max'] - before['declined_max']) / rows:8.0%} "
+                            declined = f"{(after[gave_up] - before[gave_up]) / rows:8.0%} "
             pairs = f"{best['pairs']:9.1f}" if "pairs" in best else f"{'':9s}"
             print(f"{name:10s} {n:5d} {best['direct']:9.1f} {best['sorted']:9.1f} {best['auto']:9.1f} {pairs} {declined}",
                   flush=True)

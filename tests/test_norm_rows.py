@@ -507,6 +507,55 @@ def test_pruned_max_rows_equal_the_pair_pass(semiring, kind, dtype, isa, monkeyp
                                        msg=lambda m: f"{semiring}/{kind}/{dtype}/N={N}/spread {spread}: {m}")
 
 
+def _signed_value(weights, R, N, g):
+    """max_prod values (M, m), M ≥ m: the semiring's random values (signs mixed), or one-signed pairs (both
+    > 0 or both < 0, spread over orders of magnitude), or M = 1, m = −1 everywhere (every owner ties)."""
+    if weights == "mixed":
+        return random_value(make("max_prod"), (R, N), g, 5.0)
+    if weights == "equal":
+        return torch.stack([torch.ones(R, N, dtype=D), -torch.ones(R, N, dtype=D)])
+    M = torch.exp(5.0 * torch.randn(R, N, generator=g, dtype=D))
+    m = M * torch.rand(R, N, generator=g, dtype=D)
+    return torch.stack([M, m]) if weights == "positive" else torch.stack([-m, -M])
+
+
+@pytest.mark.parametrize("kind", ROW_KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_pruned_signed_rows_equal_the_pair_pass(kind, dtype, isa, monkeypatch):
+    """max_prod's direct rows from 64 elements take only the owners i whose end products over a signed
+    x-group can reach the group's outputs — θ, the second largest least value of the owners with an edge
+    at every query of the group, and its mirror for the minima (norm_rows.cpp PrunedSignedPass): the same
+    (max, min) as the pair pass over every pair (TORCH_SEMIRING_NORM_PRUNE=0), bit for bit — signs mixed
+    (M > 0 > m), one-signed pairs, equal weights, rows without paths, zero weights at 1 + x_i x_j = 0,
+    ties, outliers. Each row is counted as the pruned pass's or as declined (its budget)."""
+    monkeypatch.setenv("TORCH_SEMIRING_NORM_PASS", "direct")
+    sr = make("max_prod")
+    g = torch.Generator().manual_seed(zlib.crc32(f"pruned-signed/{kind}".encode()))
+    pruned_rows = 0
+    for N in (64, 150, 384, 700):
+        x = rows_of(kind, 4, N, g).to(dtype)
+        for weights in ("mixed", "positive", "negative", "equal"):
+            a = _signed_value(weights, 4, N, g).to(dtype)
+            if weights == "mixed":
+                a[:, 1] = sr.zero([N], x)  # a row without paths
+                a[:, 2, ::5] = sr.zero([(N + 4) // 5], x)
+            monkeypatch.setenv("TORCH_SEMIRING_NORM_PRUNE", "0")
+            before = _C.norm_row_stats()
+            pair = sr.norm_offdiagonal(a, x)
+            monkeypatch.setenv("TORCH_SEMIRING_NORM_PRUNE", "1")
+            between = _C.norm_row_stats()
+            pruned = sr.norm_offdiagonal(a, x)
+            after = _C.norm_row_stats()
+            assert between["pruned_signed"] + between["declined_signed"] == \
+                before["pruned_signed"] + before["declined_signed"]
+            assert after["pruned_signed"] + after["declined_signed"] - \
+                between["pruned_signed"] - between["declined_signed"] == 4, f"{kind}/{weights}/N={N}"
+            pruned_rows += after["pruned_signed"] - between["pruned_signed"]
+            torch.testing.assert_close(pruned, pair, rtol=0, atol=0, equal_nan=True,
+                                       msg=lambda m: f"{kind}/{dtype}/N={N}/{weights}: {m}")
+    assert pruned_rows >= 24, f"{kind}: the pruned pass kept {pruned_rows} of 64 rows"
+
+
 def _rows_with_outliers(R, N, g):
     """Layer-normalised rows with four outlying columns (×8 before the norm), as a residual stream has."""
     x = torch.randn(R, N, generator=g, dtype=D)
@@ -542,6 +591,7 @@ def test_pruned_max_rows_past_the_cut_off(semiring, dtype, N, monkeypatch):
         got = run("auto")
         after = _C.norm_row_stats()
         assert {k: after[k] - before[k] for k in after} == {"pruned_max": 0, "declined_max": 0, "topk_lanes": 0,
+                                                             "pruned_signed": 0, "declined_signed": 0,
                                                              counted: 3}, f"{semiring}/{dtype}/{name}"
         torch.testing.assert_close(got, run(*same_as), rtol=0, atol=0, equal_nan=True,
                                    msg=lambda m: f"{semiring}/{dtype}/{name}: not {same_as}'s values: {m}")

@@ -628,6 +628,156 @@ struct PrunedMaxPass {
   }
 };
 
+// max_prod's rows (values only): hi[j] = max_{i≠j} max(M_i·y, m_i·y) and
+// lo[j] = min_{i≠j} min(M_i·y, m_i·y) over the edges y = 1 + x_i x_j ≠ 0, each
+// term rounded as the pair pass rounds it (SignedMaxTerms: the same values,
+// bit for bit), from the owners i that can reach some output only. The
+// queries j go into G groups by their signed x_j (fixed edges: x is a
+// normalised row); a group spans [a, b], its smallest and largest x. A term
+// fl(M_i·fl(1 + x_i t)) is monotone in t (each rounding is), so over a group
+// each of owner i's two products lies between its values at a and at b:
+//  - where y_i has one sign at both ends (an edge at every query of the
+//    group), max(M_i y, m_i y) is the same product throughout, so its least
+//    value is at an end: the second largest of these least values over the
+//    owners, θ, bounds every output hi[j] of the group from below (the
+//    largest may be j's own);
+//  - an owner none of whose four end products reaches θ has every term below
+//    every output of the group and is skipped — and likewise for lo, mirrored.
+// Unlike PrunedMaxPass's picks the bound takes every owner, over narrow
+// signed groups: max_prod's terms change sign inside a |x|-group, which left
+// the picked outputs near 0 there (stop 41: 30–66 % of rows declined).
+// Cost per row: N to group, G·N/L vectors for the bounds (~25 vector ops
+// each), survivors·(group size)/L terms for the values — against the pair
+// pass's N²/(2L) pairs of ~20 ops. Over budget (w_rows[2][0] terms, ordered
+// pairs) nothing is written and out_rows[2][0] is set to 1, as PrunedMaxPass.
+struct PrunedSignedPass {
+  static constexpr int G = 8;
+  static constexpr double kEdges[G - 1] = {-1.5, -0.67, -0.25, 0.0, 0.25, 0.67, 1.5};
+  template <class T, class V>
+  static inline __attribute__((always_inline)) V edge_weight(V x, V t) {  // as PairPass rounds 1 + x·t
+    if constexpr (sizeof(T) == 4) return one_plus_exact(x, t);
+    else return one_plus(x, t);
+  }
+  // The second of the values of lanes best1 and best2 (each lane's two best by F, best1 first) in F's
+  // order, counting repeats: the first's lanes masked, unless it is in two of them.
+  template <Fold F, class T, class V>
+  static inline __attribute__((always_inline)) T second_of(V best1, V best2, T none) {
+    const T first = lanes_fold<F, T>(best1);
+    const V others = best1 == first ? V{} + none : best1;
+    const T second = lanes_fold<F, T>(fold<F>(best2, others));
+    return __builtin_popcount(lanes_where<kAtLeast>(V(best1 == first ? V{} + T(1) : V{}), V{} + T(1))) > 1 ? first
+                                                                                                           : second;
+  }
+  template <class T, class V>
+  static inline __attribute__((always_inline)) void run(const T* x, const T* const* w_rows, T* const* out_rows,
+                                                        int64_t n) {
+    constexpr int L = sizeof(V) / sizeof(T);
+    constexpr T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+    const T *M = w_rows[0], *m = w_rows[1];  // NaN together: no path through i (and the pad past n)
+    thread_local std::vector<T> buffer;
+    thread_local std::vector<int32_t> index_buffer;
+    // the groups' sizes (how many x reach each edge), then each group's j by compares and a compress
+    V edge[G - 1];
+    for (int e = 0; e + 1 < G; ++e) edge[e] = V{} + T(kEdges[e]);
+    int64_t at_least[G] = {};
+    for (int64_t j0 = 0; j0 < n; j0 += L) {
+      const V xv = load<V>(x + j0);
+      const uint32_t here = j0 + L > n ? (1u << (n - j0)) - 1 : (1u << L) - 1;
+      for (int e = 1; e < G; ++e) at_least[e] += __builtin_popcount(lanes_where<kAtLeast>(xv, edge[e - 1]) & here);
+    }
+    at_least[0] = n;
+    int64_t count[G], start[G + 1], fill[G];
+    for (int g = 0; g < G; ++g) count[g] = at_least[g] - (g + 1 < G ? at_least[g + 1] : 0);
+    start[0] = 0;
+    for (int g = 0; g < G; ++g) start[g + 1] = start[g] + (count[g] + L - 1) / L * L, fill[g] = start[g];
+    const int64_t owners = (n + L - 1) / L * L, stride = n + 16;  // a compress stores whole vectors
+    buffer.resize(4 * start[G] + std::max(2 * owners, 4 * n));
+    index_buffer.resize(std::max(start[G], G * stride) + 16);
+    T* const gx = buffer.data();  // per group, padded to whole vectors: x, index (as T), hi, lo
+    T* const gi = gx + start[G];
+    T* const ghi = gi + start[G];
+    T* const glo = ghi + start[G];
+    T* const top = glo + start[G];  // per owner, for the group at hand: its largest and least end products
+    T* const bottom = top + owners;
+    int32_t* const survivors = index_buffer.data();
+    int32_t* const members = survivors;  // (free until the survivors are picked)
+    for (int g = 0; g < G; ++g)  // one group at a time: a compress's 16-lane store spills only into later groups
+      for (int64_t j0 = 0; j0 < n; j0 += L) {
+        const V xv = load<V>(x + j0);
+        uint32_t here = j0 + L > n ? (1u << (n - j0)) - 1 : (1u << L) - 1;
+        if (g > 0) here &= lanes_where<kAtLeast>(xv, edge[g - 1]);
+        if (g + 1 < G) here &= lanes_where<kLess>(xv, edge[g]);
+        fill[g] += append_lanes<V>(members + fill[g], here, int32_t(j0));
+      }
+    T a[G], b[G];
+    for (int g = 0; g < G; ++g) {
+      a[g] = inf, b[g] = -inf;
+      for (int64_t k = start[g]; k < fill[g]; ++k) {
+        const T xj = x[members[k]];
+        gx[k] = xj, gi[k] = T(members[k]), a[g] = std::min(a[g], xj), b[g] = std::max(b[g], xj);
+      }
+      for (int64_t k = fill[g]; k < start[g + 1]; ++k) gx[k] = a[g], gi[k] = T(-1);  // pad lanes: in range, no index
+    }
+    // per group: θ (hi) and θ' (lo) from the owners' end products, then the owners that reach either
+    int64_t ns[G] = {}, work = 0;
+    for (int g = 0; g < G; ++g) {
+      if (count[g] == 0) continue;
+      const V A = V{} + a[g], B = V{} + b[g];
+      V best1 = V{} - inf, best2 = best1, least1 = V{} + inf, least2 = least1;  // per lane: the two largest / least
+      for (int64_t i0 = 0; i0 < owners; i0 += L) {
+        const V xv = load<V>(x + i0), Mv = load<V>(M + i0), mv = load<V>(m + i0);
+        const V ya = edge_weight<T, V>(xv, A), yb = edge_weight<T, V>(xv, B);
+        const V pa = Mv * ya, qa = mv * ya, pb = Mv * yb, qb = mv * yb;
+        const V ha = pa > qa ? pa : qa, hb = pb > qb ? pb : qb, la = pa < qa ? pa : qa, lb = pb < qb ? pb : qb;
+        // (Selects on one compare each: GCC builds a select on two compares joined by & lane by lane.)
+        const auto bounded = ya * yb > 0;  // an edge at every query (|y| ≥ 2^-48 where nonzero: no underflow)
+        V low = bounded ? (ha < hb ? ha : hb) : V{} - inf, high = bounded ? (la > lb ? la : lb) : V{} + inf;
+        low = low == low ? low : V{} - inf, high = high == high ? high : V{} + inf;  // NaN: no path through i
+        best2 = fold<Fold::kMax>(best2, fold<Fold::kMin>(best1, low)), best1 = fold<Fold::kMax>(best1, low);
+        least2 = fold<Fold::kMin>(least2, fold<Fold::kMax>(least1, high)), least1 = fold<Fold::kMin>(least1, high);
+        store(top + i0, V(ha > hb ? ha : hb));  // (NaN for no path: never kept)
+        store(bottom + i0, V(la < lb ? la : lb));
+      }
+      const T theta = second_of<Fold::kMax, T>(best1, best2, -inf), theta_lo = second_of<Fold::kMin, T>(least1, least2, inf);
+      int32_t* const kept = survivors + g * stride;
+      const V th = V{} + theta, tl = V{} + theta_lo;
+      for (int64_t i0 = 0; i0 < owners; i0 += L) {  // (pad owners are NaN: never kept)
+        const uint32_t h = lanes_where<kAtLeast>(load<V>(top + i0), th) | lanes_where<kAtLeast>(tl, load<V>(bottom + i0));
+        ns[g] += append_lanes<V>(kept + ns[g], h, int32_t(i0));
+      }
+      work += ns[g] * (start[g + 1] - start[g]);
+    }
+    if (w_rows[2] && double(work) > double(w_rows[2][0])) {
+      out_rows[2][0] = T(1);  // over budget: declined, nothing written
+      return;
+    }
+    T* const kx = top;  // (free now) each group's survivors as x, M, m, index: one contiguous run each
+    for (int g = 0; g < G; ++g) {
+      const int32_t* const kept = survivors + g * stride;
+      for (int64_t s = 0; s < ns[g]; ++s) {
+        const int64_t i = kept[s];
+        kx[4 * s] = x[i], kx[4 * s + 1] = M[i], kx[4 * s + 2] = m[i], kx[4 * s + 3] = T(i);
+      }
+      for (int64_t v = start[g]; v < start[g + 1]; v += L) {
+        const V xv = load<V>(gx + v), iv = load<V>(gi + v);
+        V hi = V{} - inf, lo = V{} + inf;  // no term: the folds' identities, as the pair pass's
+        const V absent = V{} + nan;
+        for (int64_t s = 0; s < ns[g]; ++s) {
+          const T* const k = kx + 4 * s;
+          V y = edge_weight<T, V>(xv, V{} + k[0]);
+          y = iv == k[3] ? V{} : y;  // j's own term: no edge, as 1 + x_i x_j = 0
+          const V p = k[1] * y, q = k[2] * y;  // which is larger depends on the sign of y
+          hi = fold<Fold::kMax>(hi, V(y != 0 ? (p > q ? p : q) : absent));
+          lo = fold<Fold::kMin>(lo, V(y != 0 ? (p < q ? p : q) : absent));
+        }
+        store(ghi + v, hi), store(glo + v, lo);
+      }
+    }
+    for (int64_t k = 0; k < start[G]; ++k)
+      if (gi[k] >= 0) out_rows[0][int64_t(gi[k])] = ghi[k], out_rows[1][int64_t(gi[k])] = glo[k];
+  }
+};
+
 // kmax values (with their winners for paths) on short rows: the K largest of α_c[i]·|1 + x_i x_j|
 // over i ≠ j and the K entries c of each i, queries in lanes — a vector of
 // queries keeps its K best in registers while the candidates i go by as
@@ -737,15 +887,16 @@ RowPass<T> pick_row_pass() {
 // Rows up to a cut-off take the direct pair pass for abs, count, log, entropy
 // and max_prod (and, when no winners are wanted, max_abs and viterbi), longer
 // ones the sorted range sums (SumRow) or the envelopes. max_abs's and
-// viterbi's values go by PrunedMaxPass at any length while its survivors stay
-// within pruned_budget (then the cut-off only picks what a declined row
-// takes), and kmax (k ≤ 8) by TopKLanes up to its tags' limit, kDirectMaxTopK:
+// viterbi's values go by PrunedMaxPass, max_prod's by PrunedSignedPass, at any
+// length while their survivors stay within pruned_budget (then the cut-off
+// only picks what a declined row takes), and kmax (k ≤ 8) by TopKLanes up to its tags' limit, kDirectMaxTopK:
 // both visit the candidates that can win, so they stay ahead of the sorted
 // schemes far past the pair pass's cut-off (2026-11-28, float32, µs a row,
 // pruned or lanes / sorted; weights spread, then flat):
 //   N                  1024         2048         4096          8192          16384
 //   max_abs  spread  16.3 / 44.6  38.2 / 88.8  69.7 / 164              (flat: declined, the envelope + 6–12 %)
 //   viterbi  spread  18.4 / 50.4  42.2 / 92.0  82.0 / 168
+//   max_prod spread  17.8 / 104   43.9 / 214   95.8 / 395                 (flat: declined, the envelope + ~8 %)
 //   kmax(4)  spread    71 / 345    182 / 887    780 / 2808   1079 / 5131   2821 / 15306
 //   kmax(4)  flat     103 / 571    278 / 1534  1090 / 7415   2793 / 17392 12334 / 58231
 // The pair pass's cut-off depends on the kernel and on
@@ -923,6 +1074,19 @@ TS_CPU_CLONES bool all_numbers(const double* v, int64_t n) {
   for (int64_t i = 0; i < n; ++i) ok &= int(v[i] == v[i]);
   return ok != 0;
 }
+// max_prod's rows of (M, m) for the row kernels: NaN where no path (M = −∞: the
+// empty (−∞, +∞)); false where some path product is infinite (the caller
+// leaves the tensor to the generic arithmetic). Branch-free, in vectors.
+TS_CPU_CLONES bool signed_weights(const double* Mr, const double* mr, double* M, double* m, int64_t n) {
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  int ok = 1;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool none = Mr[i] == -kInf;
+    ok &= int(none) | (int(std::abs(Mr[i]) < kInf) & int(std::abs(mr[i]) < kInf));
+    M[i] = none ? nan : Mr[i], m[i] = none ? nan : mr[i];
+  }
+  return ok != 0;
+}
 // v[i] < below → 0, as a select in vectors (a branch per element mispredicted on real rows: ~20 % of kmax's
 // row set-up in perf)
 TS_CPU_CLONES void zero_below(double* v, int64_t n, double below) {
@@ -1001,6 +1165,38 @@ bool pruned_max_row(bool single, const double* x, const double* w, double* out, 
   if (single) run(float{});
   else run(double{});
   ++(declined ? declined_max_count : pruned_max_count);
+  return !declined;
+}
+
+// max_prod's row (hi, lo) by PrunedSignedPass in the graph's precision, unless
+// its survivors come to more than `budget` terms: then false, and hi, lo are
+// left as they were. M, m: NaN where no path; x, M, m, hi, lo in float64.
+std::atomic<int64_t> pruned_signed_count{0}, declined_signed_count{0};  // norm_row_stats
+
+bool pruned_signed_row(bool single, const double* x, const double* M, const double* m, double* hi, double* lo,
+                       int64_t n, double budget) {
+  bool declined = false;
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    thread_local std::vector<T> xs, Ms, ms, his, los;
+    for (auto* v : {&xs, &Ms, &ms, &his, &los}) v->resize(n + kPairPad);
+    convert_row(x, xs.data(), n);
+    convert_row(M, Ms.data(), n);
+    convert_row(m, ms.data(), n);
+    std::fill(xs.begin() + n, xs.end(), T(0));
+    std::fill(Ms.begin() + n, Ms.end(), std::numeric_limits<T>::quiet_NaN());
+    std::fill(ms.begin() + n, ms.end(), std::numeric_limits<T>::quiet_NaN());
+    const T limit = T(budget), flag_in = T(0);
+    T flag = flag_in;
+    const T* wp[] = {Ms.data(), ms.data(), &limit};
+    T* op[] = {his.data(), los.data(), &flag};
+    pick_row_pass<T, PrunedSignedPass>()(xs.data(), wp, op, n);  // (indices exact in float lanes below 2^24)
+    declined = flag != flag_in;
+    if (!declined) convert_row(his.data(), hi, n), convert_row(los.data(), lo, n);
+  };
+  if (single) run(float{});
+  else run(double{});
+  ++(declined ? declined_signed_count : pruned_signed_count);
   return !declined;
 }
 
@@ -2267,24 +2463,26 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M_in, const
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
   const bool single = x_in.scalar_type() == at::kFloat;  // the direct pass in the graph's precision
   const bool direct = direct_pays(n, kDirectSignedMax(single));
+  const bool pruned = n >= kPrunedMaxMinRow && n < (int64_t(1) << 24) && prune_rows() && !sorted_forced();
   std::atomic<bool> infinite_product{false};
   auto out = over_rows({M_in, m_in, x_in}, {Holds::AnyButNaN, Holds::AnyButNaN, Holds::Finite}, 2,
                        [&, n](int64_t, const double* const* in, double* const* o) {
     thread_local EnvelopeRow env;
     thread_local std::vector<double> alpha, lo, M, m;
     const double *Mr = in[0], *mr = in[1], *xr = in[2];
-    alpha.resize(2 * n), lo.resize(n), M.resize(n), m.resize(n);
-    const double nan = std::numeric_limits<double>::quiet_NaN();
-    for (int64_t i = 0; i < n; ++i) {
-      const bool none = Mr[i] == -kInf;
-      if (!none && !(std::isfinite(Mr[i]) && std::isfinite(mr[i]))) infinite_product = true;
-      alpha[2 * i] = M[i] = none ? nan : Mr[i], alpha[2 * i + 1] = m[i] = none ? nan : mr[i];
+    M.resize(n), m.resize(n);
+    if (!signed_weights(Mr, mr, M.data(), m.data(), n)) {
+      infinite_product = true;  // the generic arithmetic takes the whole tensor
+      return;
     }
+    if (pruned && pruned_signed_row(single, xr, M.data(), m.data(), o[0], o[1], n, pruned_budget(n, single))) return;
     if (direct) {  // no line: the folds' identities (−∞, +∞)
       const double* wv[] = {M.data(), m.data()};
       direct_row<SignedMaxTerms>(single, xr, wv, o, n);
       return;
     }
+    alpha.resize(2 * n), lo.resize(n);
+    for (int64_t i = 0; i < n; ++i) alpha[2 * i] = M[i], alpha[2 * i + 1] = m[i];
     env.new_row(xr, n);
     env.best_of(alpha.data(), 1.0, o[0]);
     env.best_of(alpha.data(), -1.0, lo.data());
@@ -2468,6 +2666,9 @@ at::Tensor topk_rows(const at::Tensor& a_in, const at::Tensor& x_in, at::Tensor*
   return at::stack(out);
 }
 
-NormRowStats norm_row_stats() { return {pruned_max_count.load(), declined_max_count.load(), topk_lanes_count.load()}; }
+NormRowStats norm_row_stats() {
+  return {pruned_max_count.load(), declined_max_count.load(), topk_lanes_count.load(), pruned_signed_count.load(),
+          declined_signed_count.load()};
+}
 
 }  // namespace torch_semiring::kernels

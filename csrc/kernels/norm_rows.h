@@ -74,7 +74,19 @@
 //           candidates. N = 1024 / 2048 / 4096 float32, spread weights: 16 /
 //           38 / 70 µs a row against 45 / 89 / 164 by the envelope; a declined
 //           row costs the envelope + 6–15 %.
-//   max, longer rows (declined by the pruned pass) or with winners (path tracking):
+//           max_prod's rows of 64 or more likewise take their terms only from
+//           the owners that can reach a group's maxima or minima
+//           (PrunedSignedPass: queries in 8 groups by their signed x, each
+//           owner's four products at the group's two ends bounding its terms
+//           there, since a rounded term is monotone in t; the outputs bounded
+//           by the second best end value of the owners with an edge at every
+//           query): bit for bit the pair pass's values, 4 % of the terms on
+//           MiniLM's layer norms. N = 384 / 1024 / 4096 float32: 6–8 / 18 / 90
+//           µs a row against 24 by the pair pass and 41 / 104 / 395 by the
+//           envelopes; it declines past the same budget (equal weights on rows
+//           of nearly all small |x|), costing the pair pass or the envelope
+//           + ~8 %.
+//   max, longer rows (declined by the pruned passes) or with winners (path tracking):
 //           O(N log N) — the upper envelope of the 2N lines ±w_i(1 + x_i t)
 //           (max_prod: M_i(1 + x_i t), m_i(1 + x_i t)), evaluated at the sorted
 //           queries; where a query's best line is its own (i = j, excluded), its
@@ -143,9 +155,10 @@ std::tuple<at::Tensor, at::Tensor> signed_max_rows(const at::Tensor& M, const at
 at::Tensor topk_rows(const at::Tensor& a, const at::Tensor& x, at::Tensor* argmax = nullptr);
 
 // Rows so far (for tests and benchmarks): max_abs's / viterbi's rows the pruned
-// pass took, the rows it declined for its budget, kmax's rows by vector lanes.
+// pass took, the rows it declined for its budget, kmax's rows by vector lanes,
+// max_prod's rows by its pruned pass and those it declined.
 struct NormRowStats {
-  int64_t pruned_max, declined_max, topk_lanes;
+  int64_t pruned_max, declined_max, topk_lanes, pruned_signed, declined_signed;
 };
 NormRowStats norm_row_stats();
 

@@ -498,9 +498,10 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     const auto st = kernels::norm_row_stats();
     py::dict d;
     d["pruned_max"] = st.pruned_max, d["declined_max"] = st.declined_max, d["topk_lanes"] = st.topk_lanes;
+    d["pruned_signed"] = st.pruned_signed, d["declined_signed"] = st.declined_signed;
     return d;
   }, "layer-norm rows so far: max_abs's / viterbi's by the pruned pass, declined by it (its budget), kmax's by "
-     "vector lanes");
+     "vector lanes, max_prod's by its pruned pass, declined by it");
   // The kernels' weight-preparation cache (policy in kernels/lift_cache.h).
   m.def("lift_cache_info", [] {
     auto i = kernels::lift_cache_info();
