@@ -19,6 +19,7 @@ from torch_semiring import _C
 from kernel_helpers import KERNEL_SEMIRINGS, KMAX_K, components, make_value, make_weights, reference
 
 INF = math.inf
+NAN = math.nan
 ISAS = ["native", "avx2", "portable"]
 
 # (g batch, w batch, M, K, N): odd sizes, unit dims, K = 1, sizes past the
@@ -460,6 +461,26 @@ def test_pruned_max_prod_rows_equal_the_blocked_kernel(kind, dtype, isa, monkeyp
         want = reference("max_prod", g, w).to(dtype)
         torch.testing.assert_close(pruned, want, rtol=1e-6 if dtype == torch.float32 else 1e-12, atol=0), what
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("special", [-0.0, INF, NAN, -1e-30, -2.0])
+def test_pruned_max_abs_rows_accept_what_the_blocked_kernel_accepts(special, dtype, isa, monkeypatch):
+    # max_abs's pruned rows check g in [0, +inf) by one unsigned compare of g + 0's bits (run_pruned): -0 is
+    # taken as +0, and +inf, NaN and negative entries give the product back to the blocked kernel and its checks —
+    # the same result, or the same refusal (None: the semiring's generic matmul), with the rows on or off.
+    gen = torch.Generator().manual_seed(5)
+    g = (torch.randn(4, 300, generator=gen, dtype=torch.float64) * 6).exp().to(dtype)
+    w = make_weights((300, 40), gen, dtype, zeros=0.1)
+    g[2, 77] = special
+    pruned = _C.kernel_matmul("max_abs", g[None], w)
+    monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
+    blocked = _C.kernel_matmul("max_abs", g[None], w)
+    monkeypatch.delenv("TORCH_SEMIRING_GEMM_PRUNE")
+    assert (pruned is None) == (blocked is None), special
+    if pruned is not None:
+        assert torch.equal(pruned, blocked), special
+        assert torch.equal(pruned[0], (g[..., None] * w.abs()).amax(-2)), special
 
 # viterbi's and max_abs's products by pruned rows (cpu_gemm.cpp run_pruned, K >= 256): every k whose bound
 # g ⊗ max over a 32-column panel of lift(w) is below the panel's smallest lower bound is skipped, so the

@@ -572,7 +572,12 @@ TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
     IV at = lane, at2 = lane, fine = IV{} - 1;  // Op::accepts: g < +∞, no NaN; max_abs: g ≥ 0
     for (int64_t k0 = 0; k0 < Kv; k0 += L) {
       const V x = load<V>(key + k0);
-      if constexpr (kTimes) fine &= (x >= T(0)) & (x < inf);
+      if constexpr (kTimes) {
+        // x in [0, +inf), no NaN, by one compare (GCC builds two compares joined by & lane by lane):
+        // x + 0 makes -0 into +0, then as unsigned integers exactly [+0, +inf) lie below +inf's bits
+        using UV = typename VecOf<std::make_unsigned_t<I>, sizeof(V)>::type;
+        fine &= (UV)(x + T(0)) < (UV)(V{} + inf);
+      }
       else if constexpr (!kPair) fine &= x < inf;
       const auto better = x > top;
       if constexpr (kPair) {
