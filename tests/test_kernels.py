@@ -463,6 +463,29 @@ def test_pruned_max_prod_rows_equal_the_blocked_kernel(kind, dtype, isa, monkeyp
 
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("pair", [(NAN, 1.0), (1.0, NAN), (-INF, NAN), (1.0, 2.0), (-INF, 5.0), (-INF, -INF),
+                                  (INF, -INF), (-0.0, 0.0)])
+@pytest.mark.parametrize("at", [77, 299])  # in the vector steps of the pruned rows' set-up, in its scalar tail
+def test_pruned_max_prod_rows_accept_what_the_blocked_kernel_accepts(pair, at, dtype, isa, monkeypatch):
+    # max_prod's pruned rows check each (M, m) L entries at a time by bit masks (run_pruned): no NaN, and
+    # M >= m unless M = -inf (an empty value, then marked). A refused pair gives the product back to the
+    # blocked kernel's checks: the same result, or the same refusal (None), with the rows on or off.
+    gen = torch.Generator().manual_seed(6)
+    M = torch.randn(4, 300, generator=gen, dtype=torch.float64) * 3
+    g = torch.stack([M.abs(), -M.abs() * 0.5]).to(dtype)
+    w = make_weights((300, 40), gen, dtype, zeros=0.1)
+    g[0, 2, at], g[1, 2, at] = pair
+    pruned = _C.kernel_matmul("max_prod", g, w)
+    monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
+    blocked = _C.kernel_matmul("max_prod", g, w)
+    monkeypatch.delenv("TORCH_SEMIRING_GEMM_PRUNE")
+    assert (pruned is None) == (blocked is None), pair
+    assert (pruned is None) == (math.isnan(pair[0]) or math.isnan(pair[1]) or (pair[0] != -INF and pair[0] < pair[1]))
+    if pruned is not None:
+        assert torch.equal(pruned, blocked), pair
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("special", [-0.0, INF, NAN, -1e-30, -2.0])
 def test_pruned_max_abs_rows_accept_what_the_blocked_kernel_accepts(special, dtype, isa, monkeypatch):

@@ -75,12 +75,12 @@ TS_TILE_FN bool any_greater(V x, V y) {
 }
 
 // Bit l set where lane l of x compares true with lane l of y (NaN: not set), up to 16 lanes:
-// Cmp is kGreater, kAtLeast or kLess, the AVX-512 predicates GT_OQ / GE_OQ / LT_OQ (one vcmpp
+// Cmp is kGreater, kAtLeast, kLess or kEqual, the AVX-512 predicates GT_OQ / GE_OQ / LT_OQ / EQ_OQ (one vcmpp
 // into a mask register there; other ISAs: the vector compare, then its lanes gathered into bits).
-constexpr int kGreater = 30, kAtLeast = 29, kLess = 17;
+constexpr int kGreater = 30, kAtLeast = 29, kLess = 17, kEqual = 0;
 template <int Cmp, class V>
 TS_TILE_FN uint32_t lanes_where(V x, V y) {
-  static_assert(Cmp == kGreater || Cmp == kAtLeast || Cmp == kLess);
+  static_assert(Cmp == kGreater || Cmp == kAtLeast || Cmp == kLess || Cmp == kEqual);
   constexpr int L = sizeof(V) / sizeof(x[0]);
 #if defined(__x86_64__)
   if constexpr (sizeof(V) == 64 && L == 16) {
@@ -101,6 +101,9 @@ TS_TILE_FN uint32_t lanes_where(V x, V y) {
     for (int l = 0; l < L; ++l) bits |= uint32_t(m[l] != 0) << l;
   } else if constexpr (Cmp == kLess) {
     const auto m = x < y;
+    for (int l = 0; l < L; ++l) bits |= uint32_t(m[l] != 0) << l;
+  } else if constexpr (Cmp == kEqual) {
+    const auto m = x == y;
     for (int l = 0; l < L; ++l) bits |= uint32_t(m[l] != 0) << l;
   } else {
     const auto m = x >= y;
