@@ -454,13 +454,15 @@ TS_TILE_FN void scan_scores(const T* x, int64_t K, T& G, bool& bad) {
   int64_t k = 0;
   if constexpr (L > 1) {
     V top = splat<V>(-inf);
-    decltype(top != top) odd{};
+    // every lane so far below +inf (NaN is not): one compare per vector — GCC builds compares joined
+    // by | or & lane by lane in these always-inline templates (they are lowered before inlining)
+    auto fine = top < inf;
     for (; k + L <= K; k += L) {
       V v = load<V>(x + k);
-      odd = odd | (v != v) | (v == inf);
+      fine &= v < inf;
       top = max_keep(top, v);
     }
-    bad = bad || any_lane(odd);
+    bad = bad || any_lane(~fine);
     T lanes[L];
     store(lanes, top);
     for (int i = 0; i < L; ++i) G = std::max(G, lanes[i]);
@@ -482,7 +484,8 @@ TS_TILE_FN void shifted_exps(const T* x, int64_t K, T G, T* a, bool& underflows)
     for (; k + L <= K; k += L) {
       V v = load<V>(x + k);
       V e = exp_of<V, T>(v - G);
-      lost = (e == 0) & (v != ninf) ? splat<V>(T(1)) : lost;
+      const V flushed = e == 0 ? v : splat<V>(ninf);  // (selects on one compare each: see scan_scores)
+      lost = flushed != ninf ? splat<V>(T(1)) : lost;
       store(a + k, e);
     }
     underflows = underflows || any_lane(lost != 0);
