@@ -255,9 +255,10 @@ TS_TILE_FN bool pack_a_strip(const Job<T>& J, int64_t r0, int64_t k0, int64_t kc
 // rounds of two-source shuffles, and L stores of the (k, component) quads —
 // where the scalar loop above made 4·L strided loads, 4·L stores and 4·L
 // compares (15 % of MiniLM-64's kmax(4) kernel in perf). The check is kmax's
-// accepts (every score < +∞; NaN fails) as a lane compare. Returns the k-steps
-// packed (a multiple of L; the scalar loop does the rest) and clears `ok` on
-// a rejected entry.
+// accepts (every score < +∞; NaN fails) as a lane compare. viterbi's and
+// max_abs's one-component strips below. Returns the k-steps packed (kmax(4):
+// a multiple of L; the scalar loop does the rest) and clears `ok` on a
+// rejected entry.
 template <class Op, class T, class V, int MR>
 TS_TILE_FN int64_t pack_a_strip_lanes(const Job<T>& J, int64_t r0, int64_t k0, int64_t kc, T* dst, bool& ok) {
   constexpr int L = sizeof(V) / sizeof(T);
@@ -310,6 +311,31 @@ TS_TILE_FN int64_t pack_a_strip_lanes(const Job<T>& J, int64_t r0, int64_t k0, i
     }
     for (int l = 0; l < L; ++l) ok &= below_inf[l] != 0;
     return steps;
+  } else if constexpr ((std::is_base_of<MaxPlus, Op>::value || std::is_base_of<MaxTimes, Op>::value) && L > 1) {
+    // viterbi's and max_abs's strips (one component, contiguous k, a full strip): each row's kc entries
+    // checked L at a time by one compare (viterbi: g < +inf; max_abs: g in [0, +inf), as (g + 0)'s bits
+    // below +inf's), then copied into the strip — the scalar loop checked and marked one entry at a time,
+    // ~5 instructions each: more than the micro-kernel spends per entry of A on the attention's k and v
+    // products (N = the head dim).
+    if (J.a_k != 1 || J.a_components != 1 || r0 + MR > J.M) return 0;
+    using I = LaneInt<T>;
+    using IV = typename VecOf<I, sizeof(V)>::type;
+    using UV = typename VecOf<std::make_unsigned_t<I>, sizeof(V)>::type;
+    const V inf = V{} + std::numeric_limits<T>::infinity();
+    IV fine = IV{} - 1;
+    for (int i = 0; i < MR; ++i) {
+      const T* src = J.a + (r0 + i) * J.a_m + k0;
+      int64_t k = 0;
+      for (; k + L <= kc; k += L) {
+        const V x = load<V>(src + k);
+        if constexpr (std::is_base_of<MaxTimes, Op>::value) fine &= (IV)((UV)(x + T(0)) < (UV)inf);
+        else fine &= x < inf;
+      }
+      for (; k < kc; ++k) ok &= Op::accepts(src + k, 1);
+      for (k = 0; k < kc; ++k) dst[k * MR + i] = src[k];
+    }
+    for (int l = 0; l < L; ++l) ok &= fine[l] != 0;
+    return kc;
   } else {
     return 0;
   }
