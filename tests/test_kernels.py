@@ -469,22 +469,26 @@ def test_pruned_max_prod_rows_equal_the_blocked_kernel(kind, dtype, isa, monkeyp
 @pytest.mark.parametrize("name", ["viterbi", "max_abs"])
 @pytest.mark.parametrize("special", [-0.0, INF, NAN, -2.0, -INF])
 @pytest.mark.parametrize("at", [(3, 40), (3, 99), (74, 5)])  # a full strip's vector steps, its tail, an edge strip
-def test_blocked_strips_accept_what_the_semiring_allows(name, special, at, dtype, isa):
+@pytest.mark.parametrize("layout", ["rows", "columns"])  # g with contiguous k, or transposed (m contiguous)
+def test_blocked_strips_accept_what_the_semiring_allows(name, special, at, layout, dtype, isa):
     # The blocked kernel packs viterbi's and max_abs's full strips L entries at a time with one compare
-    # (pack_a_strip_lanes), other strips entry by entry: either way viterbi takes every g < +inf (-inf: no
-    # path) and max_abs every g in [0, +inf) (-0 as +0); +inf, NaN (and for max_abs negatives) are refused
-    # (None: the semiring's generic matmul takes the product).
+    # (pack_a_strip_lanes; a transposed g: each k's values as one piece), other strips entry by entry: either
+    # way viterbi takes every g < +inf (-inf: no path) and max_abs every g in [0, +inf) (-0 as +0); +inf, NaN
+    # (and for max_abs negatives) are refused (None: the semiring's generic matmul takes the product).
     gen = torch.Generator().manual_seed(8)
     g = torch.randn(75, 100, generator=gen, dtype=torch.float64) * 3
     g = (g if name == "viterbi" else g.exp()).to(dtype)
     w = make_weights((100, 20), gen, dtype, zeros=0.1)
     g[at] = special
+    if layout == "columns":
+        g = g.t().contiguous().t()
     out = _C.kernel_matmul(name, g[None], w)
     allowed = special < INF if name == "viterbi" else 0.0 <= special < INF  # (NaN: False)
     assert (out is not None) == allowed, (name, special, at)
     if out is not None:
         terms = (g[..., None] + w.abs().log()) if name == "viterbi" else g[..., None] * w.abs()
         assert torch.equal(out[0], terms.amax(-2)), (name, special, at)
+
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("pair", [(NAN, 1.0), (1.0, NAN), (-INF, NAN), (1.0, 2.0), (-INF, 5.0), (-INF, -INF),

@@ -312,25 +312,38 @@ TS_TILE_FN int64_t pack_a_strip_lanes(const Job<T>& J, int64_t r0, int64_t k0, i
     for (int l = 0; l < L; ++l) ok &= below_inf[l] != 0;
     return steps;
   } else if constexpr ((std::is_base_of<MaxPlus, Op>::value || std::is_base_of<MaxTimes, Op>::value) && L > 1) {
-    // viterbi's and max_abs's strips (one component, contiguous k, a full strip): each row's kc entries
+    // viterbi's and max_abs's strips (one component, a full strip; g with contiguous k): each row's kc entries
     // checked L at a time by one compare (viterbi: g < +inf; max_abs: g in [0, +inf), as (g + 0)'s bits
     // below +inf's), then copied into the strip — the scalar loop checked and marked one entry at a time,
     // ~5 instructions each: more than the micro-kernel spends per entry of A on the attention's k and v
     // products (N = the head dim).
-    if (J.a_k != 1 || J.a_components != 1 || r0 + MR > J.M) return 0;
+    // A transposed g (m contiguous: the attention's k and v products) takes each k's MR values as one
+    // piece, checked by the vectors that cover them (up to L − 1 entries of the next rows too: entries of
+    // the same g, which its own strips check anyway).
+    constexpr int kCover = (MR + L - 1) / L * L;
+    if (J.a_components != 1 || r0 + MR > J.M || (J.a_k != 1 && (J.a_m != 1 || r0 + kCover > J.M))) return 0;
     using I = LaneInt<T>;
     using IV = typename VecOf<I, sizeof(V)>::type;
     using UV = typename VecOf<std::make_unsigned_t<I>, sizeof(V)>::type;
     const V inf = V{} + std::numeric_limits<T>::infinity();
     IV fine = IV{} - 1;
+    auto check = [&](V x) __attribute__((always_inline)) {
+      if constexpr (std::is_base_of<MaxTimes, Op>::value) fine &= (IV)((UV)(x + T(0)) < (UV)inf);
+      else fine &= x < inf;
+    };
+    if (J.a_k != 1) {
+      for (int64_t k = 0; k < kc; ++k) {
+        const T* src = J.a + r0 + (k0 + k) * J.a_k;
+        for (int c = 0; c < kCover; c += L) check(load<V>(src + c));
+        std::memcpy(dst + k * MR, src, MR * sizeof(T));
+      }
+      for (int l = 0; l < L; ++l) ok &= fine[l] != 0;
+      return kc;
+    }
     for (int i = 0; i < MR; ++i) {
       const T* src = J.a + (r0 + i) * J.a_m + k0;
       int64_t k = 0;
-      for (; k + L <= kc; k += L) {
-        const V x = load<V>(src + k);
-        if constexpr (std::is_base_of<MaxTimes, Op>::value) fine &= (IV)((UV)(x + T(0)) < (UV)inf);
-        else fine &= x < inf;
-      }
+      for (; k + L <= kc; k += L) check(load<V>(src + k));
       for (; k < kc; ++k) ok &= Op::accepts(src + k, 1);
       for (k = 0; k < kc; ++k) dst[k * MR + i] = src[k];
     }
