@@ -490,6 +490,26 @@ def test_blocked_strips_accept_what_the_semiring_allows(name, special, at, layou
         assert torch.equal(out[0], terms.amax(-2)), (name, special, at)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("special", [None, INF, NAN, -INF])
+@pytest.mark.parametrize("at", [(0, 3, 40), (3, 9, 99), (2, 74, 5)])  # (component, row, k)
+def test_kmax_strips_of_a_transposed_value(special, at, dtype, isa):
+    # kmax(4)'s blocked strips of a transposed value (m contiguous, as the attention's k and v products pass
+    # it) are packed one vector per component and k (pack_a_strip_lanes): the lists equal those of the same
+    # value laid out with contiguous k, and a +inf or NaN score is refused alike (None).
+    gen = torch.Generator().manual_seed(9)
+    g = (torch.randn(4, 75, 100, generator=gen, dtype=torch.float64) * 3).sort(0, descending=True).values.to(dtype)
+    w = make_weights((100, 20), gen, dtype, zeros=0.1)
+    if special is not None:
+        g[at] = special
+    transposed = g.transpose(1, 2).contiguous().transpose(1, 2)
+    rows = _C.kernel_matmul("kmax", g, w)
+    columns = _C.kernel_matmul("kmax", transposed, w)
+    assert (rows is None) == (columns is None) == (special is not None and not special < INF), (special, at)
+    if rows is not None:
+        assert torch.equal(rows, columns), (special, at)
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("pair", [(NAN, 1.0), (1.0, NAN), (-INF, NAN), (1.0, 2.0), (-INF, 5.0), (-INF, -INF),
                                   (INF, -INF), (-0.0, 0.0)])

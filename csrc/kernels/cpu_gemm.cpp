@@ -255,7 +255,8 @@ TS_TILE_FN bool pack_a_strip(const Job<T>& J, int64_t r0, int64_t k0, int64_t kc
 // rounds of two-source shuffles, and L stores of the (k, component) quads —
 // where the scalar loop above made 4·L strided loads, 4·L stores and 4·L
 // compares (15 % of MiniLM-64's kmax(4) kernel in perf). The check is kmax's
-// accepts (every score < +∞; NaN fails) as a lane compare. viterbi's and
+// accepts (every score < +∞; NaN fails) as a lane compare; a transposed g's
+// strips (m contiguous) one vector per component and k. viterbi's and
 // max_abs's one-component strips below. Returns the k-steps packed (kmax(4):
 // a multiple of L; the scalar loop does the rest) and clears `ok` on a
 // rejected entry.
@@ -263,9 +264,33 @@ template <class Op, class T, class V, int MR>
 TS_TILE_FN int64_t pack_a_strip_lanes(const Job<T>& J, int64_t r0, int64_t k0, int64_t kc, T* dst, bool& ok) {
   constexpr int L = sizeof(V) / sizeof(T);
   if constexpr (has_segments<Op>::value && Op::kComponents == 4 && (L == 16 || L == 8)) {
-    if (J.a_k != 1 || J.a_components != 4 || r0 + MR > J.M) return 0;
     const V inf = V{} + std::numeric_limits<T>::infinity();
     auto below_inf = V{} < inf;  // all lanes true
+    if constexpr (L == 16 && MR <= 8) {
+      // A transposed g (m contiguous: the attention's k and v products): per k, the strip's rows of each
+      // component are one vector (its lanes past MR: entries of the next rows, which their own strips
+      // check anyway), transposed into the MR (component) quads by the same two rounds of shuffles.
+      if (J.a_k != 1 && J.a_m == 1 && J.a_components == 4 && r0 + L <= J.M) {
+        for (int64_t k = 0; k < kc; ++k) {
+          const T* src = J.a + r0 + (k0 + k) * J.a_k;
+          V x[4];
+          for (int q = 0; q < 4; ++q) {
+            x[q] = load<V>(src + q * J.a_c);
+            below_inf &= x[q] < inf;
+          }
+          const V y0 = __builtin_shufflevector(x[0], x[1], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+          const V y2 = __builtin_shufflevector(x[2], x[3], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+          const V z0 = __builtin_shufflevector(y0, y2, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
+          const V z1 = __builtin_shufflevector(y0, y2, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31);
+          T quads[2 * L];  // rows 0-3, then 4-7
+          store(quads, z0), store(quads + L, z1);
+          std::memcpy(dst + k * MR * 4, quads, MR * 4 * sizeof(T));
+        }
+        for (int l = 0; l < L; ++l) ok &= below_inf[l] != 0;
+        return kc;
+      }
+    }
+    if (J.a_k != 1 || J.a_components != 4 || r0 + MR > J.M) return 0;
     const int64_t steps = kc / L * L;
     for (int i = 0; i < MR; ++i) {
       const T* src = J.a + (r0 + i) * J.a_m + k0;
