@@ -5,6 +5,14 @@
 // and lanes_where turn a lane-wise compare into a bool or a bit mask, and
 // append_lanes a bit mask into the indices of its set bits. CPU only
 // (tile_arithmetic.h holds what CUDA shares).
+//
+// A rule for the always-inline kernel templates (TS_TILE_FN) that use these
+// types: GCC lowers their generic vector code before it is inlined into the
+// function whose target (AVX-512, AVX2) it runs under, so a mask made of two
+// compares joined by & or | comes out lane by lane (an extract, a compare and
+// an insert per lane: max_abs's GEMM rows and the attention rows' scans lost
+// 30-45 % to it). Write one compare per mask or select (accumulate with &=,
+// nest selects), or take bit masks with lanes_where and combine the integers.
 #pragma once
 
 #include <cstdint>
