@@ -18,6 +18,7 @@
 
 #include "../engine/engine.h"
 #include "../engine/node_hooks.h"
+#include "../engine/process_heap.h"
 #include "../hooks/engine_hooks.h"
 #include "../hooks/series_hooks.h"
 #include "../kernels/attention_blocks.h"
@@ -487,6 +488,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     return std::get<0>(r).defined() ? py::cast(r) : py::none();
   }, py::arg("name"), py::arg("g"), py::arg("w"));
   m.def("kernel_isa", &kernels::kernel_isa);
+  m.def("keep_freed_heap_for_reuse", &keep_freed_heap_for_reuse,
+        "glibc's mmap and trim thresholds set once per process so a backward's freed blocks are reused "
+        "(engine/process_heap.cpp); False where they were left alone. The first rule to run calls it.");
   m.def("kernel_calls", &kernels::kernel_calls);
   m.def("device_kernel_calls", &kernels::device::calls,
         "products computed through the device kernels' C API (CUDA, or the emulation: "

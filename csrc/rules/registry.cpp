@@ -8,6 +8,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "engine/process_heap.h"
 #include "kernels/cpu_gemm.h"  // TS_CPU_CLONES
 #include "rule.h"
 #include "summed_within_nodes.h"
@@ -276,6 +277,7 @@ std::vector<at::Tensor> rule_with_infinite_values(const RuleEntry& entry, const 
 
 std::vector<at::Tensor> apply_rule(Node& node, const Semiring& sr, const std::function<bool(size_t)>& wanted,
                                    const std::vector<at::Tensor>& values, bool create_graph) {
+  keep_freed_heap_for_reuse();  // once per process (engine/process_heap.cpp)
   const auto& next = node.next_edges();
   const size_t edges = next.size();
   if (!any_value(values)) return std::vector<at::Tensor>(edges);
