@@ -11,13 +11,20 @@ semiring / stock of the same round. Models with a scalar output also get
 `ts.top_paths(out, inputs[0], k=1)` and `k=5` against one viterbi `ts.grad`
 (alternating likewise).
 
-Peak memory: each model runs in its own subprocess with glibc's mmap threshold
-fixed at 1 MiB (every block of 1 MiB or more is mmapped and given back on free,
-so RSS follows live memory); before each measured backward the child resets the
-RSS high-water mark (`echo 5 > /proc/self/clear_refs`) and notes VmRSS; the
-peak of that backward is VmHWM − that VmRSS (MiB; the largest over its runs).
-It counts every allocation (torch's, the extension's, Python's) at page
-granularity. Memory ratios are given where the stock peak is at least 4 MiB.
+Time and memory come from two subprocesses per model. The times: a process
+with malloc as the user has it (glibc's defaults; the engine then sets glibc's
+mmap and trim thresholds once, csrc/engine/process_heap.cpp). Peak memory: a
+second process, one round, with glibc's mmap threshold fixed at 1 MiB (every
+block of 1 MiB or more is mmapped and given back on free, so RSS follows live
+memory; the engine leaves a malloc configured so alone); before each measured
+backward the child resets the RSS high-water mark (`echo 5 > /proc/self/clear_refs`)
+and notes VmRSS; the peak of that backward is VmHWM − that VmRSS (MiB; the
+largest over its runs). It counts every allocation (torch's, the extension's,
+Python's) at page granularity. Memory ratios are given where the stock peak is
+at least 4 MiB. (Until 2026-11-28 the times were taken in the memory process:
+its every mmapped block is page-faulted in afresh, which cost the semiring
+backwards 3 000–19 000 faults and 4–48 ms of system time on MiniLM-128 against
+the stock backward's 900 and 2 ms.)
 
 Baseline in the same run (mlp, attention, bert-small): benchmarks/baselines/subclass.py,
 viterbi as a `__torch_dispatch__` tensor subclass on the stock engine,
@@ -70,9 +77,12 @@ def _status(key):
     return float("nan")
 
 
+MEMORY = False  # this child measures peak memory (run under the 1 MiB mmap threshold, one round)
+
+
 def timed(fn):
     """(ms, peak MiB above the memory in use at the start) of one call: host RSS on the CPU, torch's
-    allocator on a CUDA device (synchronised before and after)."""
+    allocator on a CUDA device (synchronised before and after); the peak is NaN in a timing child."""
     if models.DEVICE.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
@@ -84,6 +94,12 @@ def timed(fn):
         peak = (torch.cuda.max_memory_allocated() - used0) / 2**20
         del r
         return ms, peak
+    if not MEMORY:
+        t0 = time.perf_counter()
+        r = fn()
+        ms = (time.perf_counter() - t0) * 1e3
+        del r
+        return ms, float("nan")
     with open("/proc/self/clear_refs", "w") as f:
         f.write("5")  # reset VmHWM to the current RSS
     rss0 = _status("VmRSS")
@@ -112,7 +128,7 @@ def child(model):
     t_start = time.perf_counter()
     forward, inputs = models.BUILD[model]()
     out = forward()
-    rounds = min(ROUNDS, 3) if model in BIG else ROUNDS
+    rounds = 1 if MEMORY else min(ROUNDS, 3) if model in BIG else ROUNDS
     rows = []
 
     def stock():
@@ -129,7 +145,7 @@ def child(model):
               f"({len(times)} rounds)", file=sys.stderr, flush=True)
 
     stock_times = [timed(stock)[0] for _ in range(rounds + 1)][1:]
-    stock_peak = max(timed(stock)[1] for _ in range(2))
+    stock_peak = max(timed(stock)[1] for _ in range(2)) if MEMORY else float("nan")
     row("stock autograd", statistics.median(stock_times), 1.0, stock_peak, stock_peak, stock_times)
     for spec in SEMIRINGS:
         name, params = (spec[0], {"k": spec[1]}) if isinstance(spec, tuple) else (spec, {})
@@ -180,27 +196,43 @@ def main() -> int:
     ap.add_argument("--device", default="cpu", help="where the transformer models run (cpu, cuda)")
     ap.add_argument("--dtype", default="float32", help="their weights' dtype (float32, bfloat16, …)")
     ap.add_argument("--child", help=argparse.SUPPRESS)
+    ap.add_argument("--child-memory", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
+        global MEMORY
+        MEMORY = args.child_memory
         json.dump(child(args.child), sys.stdout)
         return 0
     unknown = [m for m in args.models.split(",") if m not in models.BUILD]
     if unknown:
         ap.error(f"unknown model(s) {', '.join(unknown)}: choose from {', '.join(models.BUILD)}")
     t0 = time.perf_counter()
-    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="1048576", MALLOC_TRIM_THRESHOLD_="1048576",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", OMP_NUM_THREADS="1",
                BENCH_DEVICE=args.device, BENCH_DTYPE=args.dtype)
+    memory_env = dict(env, MALLOC_MMAP_THRESHOLD_="1048576", MALLOC_TRIM_THRESHOLD_="1048576")
     rows = []
-    for model in args.models.split(","):
-        print(f"[{time.perf_counter() - t0:.0f} s] {model} ...", file=sys.stderr, flush=True)
-        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", model], env=env,
+
+    def run_child(model, memory):
+        p = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", model]
+                           + (["--child-memory"] if memory else []), env=memory_env if memory else env,
                            stdout=subprocess.PIPE, text=True)
-        if p.returncode != 0:
+        return json.loads(p.stdout) if p.returncode == 0 else f"rc {p.returncode}"
+
+    for model in args.models.split(","):
+        print(f"[{time.perf_counter() - t0:.0f} s] {model}: times ...", file=sys.stderr, flush=True)
+        timing = run_child(model, memory=False)
+        print(f"[{time.perf_counter() - t0:.0f} s] {model}: peak memory ...", file=sys.stderr, flush=True)
+        memory = run_child(model, memory=True)
+        if isinstance(timing, str) or isinstance(memory, str):
             rows.append({"model": model, "label": models.LABEL[model], "semiring": "(failed)",
-                         "skipped": f"rc {p.returncode}"})
+                         "skipped": timing if isinstance(timing, str) else memory})
             continue
-        rows += json.loads(p.stdout)
+        peaks = {r["semiring"]: r for r in memory}
+        for r in timing:  # the times of one child, the peaks of the other
+            m = peaks.get(r["semiring"], {})
+            for key in ("peak_mib", "stock_peak_mib", "mem_ratio"):
+                r[key] = m.get(key, float("nan"))
+        rows += timing
     total = time.perf_counter() - t0
     when = stamp()
     print(f"\n{when}, torch {torch.__version__}, {machine()}, "
