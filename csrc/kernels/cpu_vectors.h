@@ -100,6 +100,17 @@ TS_TILE_FN uint32_t lanes_where(V x, V y) {
     asm("vcmppd %[c], %[y], %[x], %[k]" : [k] "=Yk"(k) : [x] "v"(x), [y] "v"(y), [c] "i"(Cmp));
     return k;
   }
+  if constexpr (sizeof(V) == 32) {  // AVX2: the VEX compare takes the same predicates, then one movemask
+    V m;
+    uint32_t bits;
+    if constexpr (L == 8)
+      asm("vcmpps %[c], %[y], %[x], %[m]\n\tvmovmskps %[m], %[b]"
+          : [b] "=r"(bits), [m] "=&x"(m) : [x] "x"(x), [y] "x"(y), [c] "i"(Cmp));
+    else
+      asm("vcmppd %[c], %[y], %[x], %[m]\n\tvmovmskpd %[m], %[b]"
+          : [b] "=r"(bits), [m] "=&x"(m) : [x] "x"(x), [y] "x"(y), [c] "i"(Cmp));
+    return bits;
+  }
 #endif
   // (no lambda here: one would be emitted out of line for the baseline ISA and take a wider vector
   // than that ISA passes — a crash from an AVX2 caller)
@@ -120,9 +131,24 @@ TS_TILE_FN uint32_t lanes_where(V x, V y) {
   return bits;
 }
 
+// For each byte value h, the positions of its set bits in increasing order, one per byte
+// (AVX2's append_lanes: 2 KiB, a few lines of it hot).
+struct SetBitPositions {
+  uint64_t of[256];
+  constexpr SetBitPositions() : of{} {
+    for (int h = 0; h < 256; ++h) {
+      int n = 0;
+      for (int l = 0; l < 8; ++l)
+        if (h >> l & 1) of[h] |= uint64_t(l) << (8 * n++);
+    }
+  }
+};
+inline constexpr SetBitPositions kSetBitPositions{};
+
 // Writes base + l for each set bit l of h (at most 16) to out, in increasing l;
 // returns how many. AVX-512: one compress and a store of all 16 lanes (out
-// needs room for 16), no branch per bit.
+// needs room for 16), no branch per bit. AVX2: per byte of h, its bits'
+// positions from a table, widened to 8 lanes and stored whole (room for 16).
 template <class V>
 TS_TILE_FN int append_lanes(int32_t* out, uint32_t h, int32_t base) {
 #if defined(__x86_64__)
@@ -134,6 +160,19 @@ TS_TILE_FN int append_lanes(int32_t* out, uint32_t h, int32_t base) {
     asm("vpcompressd %[ids], %[packed]%{%[k]%}%{z%}" : [packed] "=v"(packed) : [ids] "v"(ids), [k] "Yk"(k));
     std::memcpy(out, &packed, sizeof(packed));
     return __builtin_popcount(h);
+  } else if constexpr (sizeof(V) == 32) {
+    using I8 = VecOf<int32_t, 32>::type;
+    int n = 0;
+    for (int half = 0; half < 2; ++half) {  // (a second byte only in a caller's 16-bit mask)
+      const uint32_t byte = (h >> (8 * half)) & 0xffu;
+      if (half == 1 && byte == 0) break;
+      I8 ids;
+      asm("vpmovzxbd %[p], %[ids]" : [ids] "=x"(ids) : [p] "m"(kSetBitPositions.of[byte]));
+      ids += base + 8 * half;
+      std::memcpy(out + n, &ids, sizeof(ids));
+      n += __builtin_popcount(byte);
+    }
+    return n;
   }
 #endif
   int n = 0;
