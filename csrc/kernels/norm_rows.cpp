@@ -1250,119 +1250,147 @@ bool near_series_pays(int64_t n, bool single) {
 
 #pragma GCC push_options
 #pragma GCC optimize("O3", "fp-contract=fast")  // (multiply-adds fused: one rounding fewer)
-// The powers x^0..x^(8·NV − 1) in NV vectors of 8 doubles, lanes past K zero:
-// the first vector by three products (depth 3, not a chain of 7), the
-// others by x^8 each.
-using Doubles8 = VecOf<double, 64>::type;
-template <int K, int NV>
-inline __attribute__((always_inline)) void powers_of(double x, Doubles8* p) {
-  const double x2 = x * x, x4 = x2 * x2, x8 = x4 * x4;
-  const Doubles8 odd = {1, x, 1, x, 1, x, 1, x}, pairs = {1, 1, x2, x2, 1, 1, x2, x2},
-                 quads = {1, 1, 1, 1, x4, x4, x4, x4};
-  p[0] = odd * pairs * quads;
-  for (int m = 1; m < NV; ++m) p[m] = p[m - 1] * x8;
-  for (int l = K + 1; l < 8 * NV; ++l) p[l / 8][l % 8] = 0;  // (constant lanes: folded at compile time)
+// The powers x^0..x^(W·NV − 1) in NV vectors of W doubles (the ISA's
+// widest: 8, 4 or 2), lanes past K zero: the first vector by up to three
+// products (depth 3, not a chain of 7), the others by x^W each.
+template <class V, int K, int NV>
+inline __attribute__((always_inline)) void powers_of(double x, V* p) {
+  constexpr int W = sizeof(V) / sizeof(double);
+  const double x2 = x * x, x4 = x2 * x2;
+  if constexpr (W == 8) {
+    const V odd = {1, x, 1, x, 1, x, 1, x}, pairs = {1, 1, x2, x2, 1, 1, x2, x2}, quads = {1, 1, 1, 1, x4, x4, x4, x4};
+    p[0] = odd * pairs * quads;
+  } else if constexpr (W == 4) {
+    const V odd = {1, x, 1, x}, pairs = {1, 1, x2, x2};
+    p[0] = odd * pairs;
+  } else {
+    p[0] = V{1, x};
+  }
+  const double step = W == 8 ? x4 * x4 : W == 4 ? x4 : x2;
+  for (int m = 1; m < NV; ++m) p[m] = p[m - 1] * step;
+  for (int l = K + 1; l < W * NV; ++l) p[l / W][l % W] = 0;  // (constant lanes: folded at compile time)
+}
+// Lane l of the result: the sum of L[l]'s W lanes (W vectors folded by log2 W
+// rounds of pairwise shuffles and adds).
+template <class V>
+inline __attribute__((always_inline)) V sum_lanes_of(const V* L) {
+  constexpr int W = sizeof(V) / sizeof(double);
+  using I = typename Vec<int64_t, sizeof(V)>::type;
+  auto fold = [](V a, V b, I even, I odd) __attribute__((always_inline)) {
+    return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, odd);
+  };
+  if constexpr (W == 8) {
+    const I s1a = {0, 8, 2, 10, 4, 12, 6, 14}, s1b = {1, 9, 3, 11, 5, 13, 7, 15};
+    const I s2a = {0, 1, 8, 9, 4, 5, 12, 13}, s2b = {2, 3, 10, 11, 6, 7, 14, 15};
+    const I s3a = {0, 1, 2, 3, 8, 9, 10, 11}, s3b = {4, 5, 6, 7, 12, 13, 14, 15};
+    const V ab = fold(L[0], L[1], s1a, s1b), cd = fold(L[2], L[3], s1a, s1b);
+    const V ef = fold(L[4], L[5], s1a, s1b), gh = fold(L[6], L[7], s1a, s1b);
+    return fold(fold(ab, cd, s2a, s2b), fold(ef, gh, s2a, s2b), s3a, s3b);
+  } else if constexpr (W == 4) {
+    const I s1a = {0, 4, 2, 6}, s1b = {1, 5, 3, 7}, s2a = {0, 1, 4, 5}, s2b = {2, 3, 6, 7};
+    return fold(fold(L[0], L[1], s1a, s1b), fold(L[2], L[3], s1a, s1b), s2a, s2b);
+  } else {
+    return fold(L[0], L[1], I{0, 2}, I{1, 3});
+  }
 }
 // x, w, v, reach in sorted order; out Z = Σ w|y|, Q = Σ v|y|, F = Σ w φ(y) over
 // each j's near i (i < reach[j], i ≠ j). |x| ≤ kNearMaxAbs: the moments of
-// order ≤ K stay finite.
-template <int K>
-inline __attribute__((always_inline)) void near_sums_impl(const double* x, const double* w, const double* v,
-                                                          const int32_t* reach, int64_t n, double* Z, double* Q,
-                                                          double* F, const double* series) {
-  constexpr int NV = (K + 8) / 8;  // vectors of W_0..W_K
-  struct Moments {
-    Doubles8 W[NV];  // Σ w_i x_i^k
-    double V0, V1;   // Σ v_i, Σ v_i x_i
+// order ≤ K stay finite. In vectors of W doubles (pass_for_isa: on AVX2 two
+// 8-double vectors per moment had spilled to the stack, 2.5× the time of 4-double ones).
+struct NearSums {
+  struct Args {
+    bool single;
+    const double *x, *w, *v;
+    const int32_t* reach;
+    int64_t n;
+    double *Z, *Q, *F;
   };
-  Doubles8 c[NV] = {};  // the polynomial's coefficients at the places of W_k
-  for (int k = 1; k <= K; ++k) c[k / 8][k % 8] = series[k - 1];
-  // Each x_i's powers, once (they serve up to four times: the prefix, the
-  // window, and the two parts of the outputs).
-  thread_local std::vector<double> power_storage;
-  power_storage.resize(8 * NV * n + 8);
-  Doubles8* powers =
-      reinterpret_cast<Doubles8*>((reinterpret_cast<uintptr_t>(power_storage.data()) + 63) & ~uintptr_t(63));
-  for (int64_t i = 0; i < n; ++i) powers_of<K, NV>(x[i], powers + i * NV);
-  auto add = [&](int64_t i, Moments& m) __attribute__((always_inline)) {
-    const Doubles8* p = powers + i * NV;
-    for (int q = 0; q < NV; ++q) m.W[q] += w[i] * p[q];
-    m.V0 += v[i], m.V1 += v[i] * x[i];
-  };
-  // The three sums over the i that m holds, for j (linear in m: the prefix's
-  // and the window's parts are evaluated apart and added); F's terms stay in
-  // 8 lanes per j until the end, where 8 j at a time fold them (a horizontal
-  // sum per j cost a third of this function).
-  thread_local std::vector<double> lane_storage;
-  lane_storage.resize(8 * n + 8);
-  Doubles8* F_lanes =
-      reinterpret_cast<Doubles8*>((reinterpret_cast<uintptr_t>(lane_storage.data()) + 63) & ~uintptr_t(63));
-  auto eval = [&](int64_t j, const Moments& m, double& z, double& q, Doubles8& f) __attribute__((always_inline)) {
-    const Doubles8* p = powers + j * NV;
-    Doubles8 lanes = {};
-    for (int u = 0; u < NV; ++u) lanes += c[u] * p[u] * m.W[u];
-    f = lanes;
-    z = m.W[0][0] + x[j] * m.W[0][1];
-    q = m.V0 + x[j] * m.V1;
-  };
-  // The prefix part: j over the first min(j, reach[j]) elements, read off one
-  // running sum as it passes that length (the j listed by it: a counting
-  // sort) — nothing stored per position.
-  thread_local std::vector<int32_t> at, by_length;
-  at.assign(n + 2, 0), by_length.resize(n);
-  for (int64_t j = 0; j < n; ++j) ++at[std::min<int64_t>(j, reach[j]) + 1];
-  for (int64_t c0 = 0; c0 <= n; ++c0) at[c0 + 1] += at[c0];
-  for (int64_t j = 0; j < n; ++j) by_length[at[std::min<int64_t>(j, reach[j])]++] = int32_t(j);
-  Moments run = {};
-  for (int64_t len = 0, h = 0; len <= n; ++len) {
-    for (; h < at[len]; ++h) {
-      const int32_t j = by_length[h];
-      eval(j, run, Z[j], Q[j], F_lanes[j]);
+  template <class V>
+  static void run(const Args& a) {
+    if (a.single) sums<V, kNearTermsFloat>(a, kNearSeriesFloat);
+    else sums<V, kNearTermsDouble>(a, kNearSeriesDouble);
+  }
+  template <class V, int K>
+  static inline __attribute__((always_inline)) void sums(const Args& a, const double* series) {
+    constexpr int W = sizeof(V) / sizeof(double), NV = (K + W) / W;  // vectors of W_0..W_K
+    const double *x = a.x, *w = a.w, *v = a.v;
+    const int32_t* reach = a.reach;
+    const int64_t n = a.n;
+    double *Z = a.Z, *Q = a.Q, *F = a.F;
+    struct Moments {
+      V W[NV];        // Σ w_i x_i^k
+      double V0, V1;  // Σ v_i, Σ v_i x_i
+    };
+    V c[NV] = {};  // the polynomial's coefficients at the places of W_k
+    for (int k = 1; k <= K; ++k) c[k / W][k % W] = series[k - 1];
+    // Each x_i's powers, once (they serve up to four times: the prefix, the
+    // window, and the two parts of the outputs).
+    thread_local std::vector<double> power_storage;
+    power_storage.resize(W * NV * n + 8);
+    V* powers = reinterpret_cast<V*>((reinterpret_cast<uintptr_t>(power_storage.data()) + 63) & ~uintptr_t(63));
+    for (int64_t i = 0; i < n; ++i) powers_of<V, K, NV>(x[i], powers + i * NV);
+    auto add = [&](int64_t i, Moments& m) __attribute__((always_inline)) {
+      const V* p = powers + i * NV;
+      for (int q = 0; q < NV; ++q) m.W[q] += w[i] * p[q];
+      m.V0 += v[i], m.V1 += v[i] * x[i];
+    };
+    // The three sums over the i that m holds, for j (linear in m: the prefix's
+    // and the window's parts are evaluated apart and added); F's terms stay in
+    // W lanes per j until the end, where W j at a time fold them (a horizontal
+    // sum per j cost a third of this function).
+    thread_local std::vector<double> lane_storage;
+    lane_storage.resize(W * n + 8 * W);
+    V* F_lanes = reinterpret_cast<V*>((reinterpret_cast<uintptr_t>(lane_storage.data()) + 63) & ~uintptr_t(63));
+    auto eval = [&](int64_t j, const Moments& m, double& z, double& q, V& f) __attribute__((always_inline)) {
+      const V* p = powers + j * NV;
+      V lanes = {};
+      for (int u = 0; u < NV; ++u) lanes += c[u] * p[u] * m.W[u];
+      f = lanes;
+      z = m.W[0][0] + x[j] * m.W[0][1];
+      q = m.V0 + x[j] * m.V1;
+    };
+    // The prefix part: j over the first min(j, reach[j]) elements, read off one
+    // running sum as it passes that length (the j listed by it: a counting
+    // sort) — nothing stored per position.
+    thread_local std::vector<int32_t> at, by_length;
+    at.assign(n + 2, 0), by_length.resize(n);
+    for (int64_t j = 0; j < n; ++j) ++at[std::min<int64_t>(j, reach[j]) + 1];
+    for (int64_t c0 = 0; c0 <= n; ++c0) at[c0 + 1] += at[c0];
+    for (int64_t j = 0; j < n; ++j) by_length[at[std::min<int64_t>(j, reach[j])]++] = int32_t(j);
+    Moments run = {};
+    for (int64_t len = 0, h = 0; len <= n; ++len) {
+      for (; h < at[len]; ++h) {
+        const int32_t j = by_length[h];
+        eval(j, run, Z[j], Q[j], F_lanes[j]);
+      }
+      if (len < n) add(len, run);
     }
-    if (len < n) add(len, run);
+    // The window part: j over (j, reach[j]), a window that only grows, at both
+    // ends, as j descends.
+    Moments win = {};
+    int64_t lo = n, hi = n;  // the window [lo, hi)
+    for (int64_t j = n - 1; j >= 0; --j) {
+      const int64_t r = reach[j];
+      if (r <= j + 1) continue;  // empty (and then so were those of every larger j)
+      if (lo == hi) lo = hi = j + 1;
+      while (lo > j + 1) add(--lo, win);
+      for (; hi < r; ++hi) add(hi, win);
+      double z, q;
+      V f;
+      eval(j, win, z, q, f);
+      Z[j] += z, Q[j] += q, F_lanes[j] += f;
+    }
+    int64_t j0 = 0;
+    for (; j0 + W <= n; j0 += W) {
+      const V sums = sum_lanes_of<V>(F_lanes + j0);
+      std::memcpy(F + j0, &sums, sizeof(sums));
+    }
+    for (; j0 < n; ++j0) {  // the same pairwise order
+      V l[W] = {F_lanes[j0]};
+      F[j0] = sum_lanes_of<V>(l)[0];
+    }
   }
-  // The window part: j over (j, reach[j]), a window that only grows, at both
-  // ends, as j descends.
-  Moments win = {};
-  int64_t lo = n, hi = n;  // the window [lo, hi)
-  for (int64_t j = n - 1; j >= 0; --j) {
-    const int64_t r = reach[j];
-    if (r <= j + 1) continue;  // empty (and then so were those of every larger j)
-    if (lo == hi) lo = hi = j + 1;
-    while (lo > j + 1) add(--lo, win);
-    for (; hi < r; ++hi) add(hi, win);
-    double z, q;
-    Doubles8 f;
-    eval(j, win, z, q, f);
-    Z[j] += z, Q[j] += q, F_lanes[j] += f;
-  }
-  // F[j] = the sum of F_lanes[j]'s lanes: 8 j a time by three rounds of
-  // pairwise shuffles and adds (lane l of the result: j0 + l).
-  using Index8 = VecOf<int64_t, 64>::type;
-  auto fold = [](Doubles8 a, Doubles8 b, Index8 even, Index8 odd) __attribute__((always_inline)) {
-    return __builtin_shuffle(a, b, even) + __builtin_shuffle(a, b, odd);
-  };
-  const Index8 s1a = {0, 8, 2, 10, 4, 12, 6, 14}, s1b = {1, 9, 3, 11, 5, 13, 7, 15};
-  const Index8 s2a = {0, 1, 8, 9, 4, 5, 12, 13}, s2b = {2, 3, 10, 11, 6, 7, 14, 15};
-  const Index8 s3a = {0, 1, 2, 3, 8, 9, 10, 11}, s3b = {4, 5, 6, 7, 12, 13, 14, 15};
-  int64_t j0 = 0;
-  for (; j0 + 8 <= n; j0 += 8) {
-    const Doubles8* L = F_lanes + j0;
-    const Doubles8 ab = fold(L[0], L[1], s1a, s1b), cd = fold(L[2], L[3], s1a, s1b);
-    const Doubles8 ef = fold(L[4], L[5], s1a, s1b), gh = fold(L[6], L[7], s1a, s1b);
-    const Doubles8 sums = fold(fold(ab, cd, s2a, s2b), fold(ef, gh, s2a, s2b), s3a, s3b);
-    std::memcpy(F + j0, &sums, sizeof(sums));
-  }
-  for (; j0 < n; ++j0) {
-    const Doubles8 l = F_lanes[j0];
-    F[j0] = ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
-  }
-}
-TS_CPU_CLONES void near_sums(bool single, const double* x, const double* w, const double* v, const int32_t* reach,
-                             int64_t n, double* Z, double* Q, double* F) {
-  if (single) near_sums_impl<kNearTermsFloat>(x, w, v, reach, n, Z, Q, F, kNearSeriesFloat);
-  else near_sums_impl<kNearTermsDouble>(x, w, v, reach, n, Z, Q, F, kNearSeriesDouble);
-}
+};
 #pragma GCC pop_options
 
 // Entropy's three sums of a row (Z = Σ A|y|, Q = Σ Ah|y|, F = Σ A φ(y), over
@@ -1373,6 +1401,8 @@ TS_CPU_CLONES void near_sums(bool single, const double* x, const double* w, cons
 // prefix of the order for every j, and |x_i x_j| < U_i·U_j, so the series
 // holds; it costs the near set ≤ 13 % in the product's bound. The parts are
 // added back in the original order.
+void near_sums(bool single, const double* x, const double* w, const double* v, const int32_t* reach, int64_t n,
+               double* Z, double* Q, double* F);  // (NearSums in the ISA's vectors, below)
 void entropy_sums_split(bool single, const double* x, const double* A, const double* Ah, int64_t n, double* Z,
                         double* Q, double* F) {
   constexpr int kBuckets = 512, kBase = (127 - 22) << 4;  // bucket 0: |x| < 2^-22·(1 + 1/16)
@@ -1455,6 +1485,10 @@ PassFn<Pass> pass_for_isa() {
   if (isa == "avx2") return &pass_avx2<Pass>;
 #endif
   return &pass_portable<Pass>;
+}
+void near_sums(bool single, const double* x, const double* w, const double* v, const int32_t* reach, int64_t n,
+               double* Z, double* Q, double* F) {
+  pass_for_isa<NearSums>()(NearSums::Args{single, x, w, v, reach, n, Z, Q, F});
 }
 constexpr int64_t kVectorPad = 8;  // arrays a pass reads in vectors are padded to a multiple of this (the widest)
 
