@@ -45,7 +45,9 @@ glibc = pytest.mark.skipif(not sys.platform.startswith("linux") or os.confstr("C
 def test_freed_blocks_are_reused_after_a_backward():
     tuned, faults = run()
     assert tuned
-    assert faults < 300  # 30 blocks of 4 MiB: 30 720 pages if each were faulted in afresh
+    # 30 blocks of 4 MiB: 30 720 pages if each were faulted in afresh. Reused: 0, or now and then one
+    # block's 1 024 pages once (seen on an AMD EPYC host in 1 run of 4: the heap's top moved once).
+    assert faults < 1500
 
 
 @glibc
