@@ -984,16 +984,25 @@ TS_TILE_FN void exchange_by_blend(V& x, V& y) {
 }
 
 
-// Bit s set where m[s] != 0, s < 32 (a 64-byte vector: one test of the 64 bytes).
-template <class V>
-TS_TILE_FN uint32_t nonzero_words(const uint16_t* m) {
+// Bit s set where m[s] != 0, s < 32: 32 uint16 slots on AVX-512 (one test of the 64 bytes), 32 uint8 slots
+// on AVX2 (a byte compare and a byte mask), else slot by slot.
+template <class V, class Slot>
+TS_TILE_FN uint32_t nonzero_slots(const Slot* m) {
 #if defined(__x86_64__)
-  if constexpr (sizeof(V) == 64) {
+  if constexpr (sizeof(V) == 64 && sizeof(Slot) == 2) {
     typedef uint16_t W __attribute__((vector_size(64)));
     const W v = load<W>(m);
     unsigned int k;
     asm("vptestmw %[v], %[v], %[k]" : [k] "=Yk"(k) : [v] "v"(v));
     return k;
+  } else if constexpr (sizeof(V) == 32 && sizeof(Slot) == 1) {
+    typedef uint8_t W __attribute__((vector_size(32)));
+    const W v = load<W>(m);
+    W zero;
+    uint32_t z;
+    asm("vpxor %[t], %[t], %[t]\n\tvpcmpeqb %[t], %[v], %[t]\n\tvpmovmskb %[t], %[z]"
+        : [z] "=r"(z), [t] "=&x"(zero) : [v] "x"(v));
+    return ~z;
   }
 #endif
   uint32_t bits = 0;
@@ -1043,23 +1052,28 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
   // filter's 2 ops + that share of the merge's ops (KP = E = 4: 4 adds + 12
   // max/min/blend).
   //
-  // AVX-512: the filter stores each lane mask at [step][vector], a test of
-  // 64 bytes turns two steps into 32 bits (a bit per step and vector), and a
-  // compress appends their codes (step·16 + vector) to one list for the
-  // segment; one loop then merges them, step by step, each a load of its
-  // list, the network, a store. Consecutive hits are mostly different
-  // vectors: their merges overlap, and the loop takes one unpredictable
-  // branch a segment. The loop per vector and its set bits that this
-  // replaced waited on one merge chain at a time and mispredicted its exit
+  // AVX-512 and AVX2: the filter stores each lane mask at [step][vector], a
+  // test of 64 (32) bytes turns two (four) steps into 32 bits (a bit per
+  // step and vector), and a compress (a table of bit positions) appends their
+  // codes (step·slots + vector) to one list for the segment; one loop then
+  // merges them, step by step, each a load of its list, the network, a
+  // store. Consecutive hits are mostly different vectors: their merges
+  // overlap, and the loop takes one unpredictable branch a segment. The loop
+  // per vector and its set bits that this replaced (still the baseline
+  // ISA's) waited on one merge chain at a time and mispredicted its exit
   // about once per vector and segment: ~30 cycles a hit on MiniLM-64's
-  // products, where a merge is ~10 cycles of vector work. Other ISAs: a bit
-  // per step and vector, and that loop.
+  // products, where a merge is ~10 cycles of vector work; on AVX2 its filter
+  // also took a bool, a variable shift and an or per term.
   static constexpr int kSegment = 32;  // bits of a uint32_t
-  static constexpr int kSlots = 16;    // vectors of a tile addressed per step (MR·NV ≤ 16)
+  template <class V>
+  static constexpr int slots_per_step() { return sizeof(V) == 64 ? 16 : 8; }  // vectors of a tile per step
   template <class T, class V, int MR, int NV, int PACKED>
   TS_TILE_FN static void run_tile(int64_t kc, const T* ap, const T* bp, T* c, int64_t ldc, int64_t cc, bool first) {
     constexpr int L = sizeof(V) / sizeof(T), NR = NV * L;
-    static_assert(MR * NV <= kSlots, "a step's vectors must fit the 16 mask slots");
+    constexpr bool kListed = sizeof(V) >= 32;  // AVX-512 / AVX2: one list of hit codes per segment
+    constexpr int kSlots = slots_per_step<V>(), kStepsPerTest = 32 / kSlots;
+    using Slot = std::conditional_t<sizeof(V) == 64, uint16_t, uint8_t>;  // a vector's lane mask
+    static_assert(MR * NV <= kSlots, "a step's vectors must fit its mask slots");
     // The tile's lists, copied into E adjacent vectors each for the k block:
     // in c, a list's entries lie a component stride (M·N) apart, a multiple
     // of 4 KB on the shapes of a transformer, so a tile's 48 lines fall into
@@ -1087,8 +1101,8 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
       Base::merge(acc, ap + k * PACKED * E + i * E, load<V>(bp + k * NR + j * L), Exchange{});
       _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) store(list + q * L, acc[q]);
     };
-    alignas(64) uint16_t masks[sizeof(V) == 64 ? kSegment : 1][kSlots] = {};  // slots past MR·NV stay 0
-    int32_t codes[sizeof(V) == 64 ? kSegment * MR * NV + 16 : 1];             // (+16: a compress stores 16 lanes)
+    alignas(64) Slot masks[kListed ? kSegment : 1][kSlots] = {};  // slots past MR·NV stay 0
+    int32_t codes[kListed ? kSegment * MR * NV + 16 : 1];         // (+16: a compress stores 16 lanes)
     for (int64_t s0 = 0; s0 < kc; s0 += kSegment) {
       const int steps = int(std::min<int64_t>(kSegment, kc - s0));
       // f(i, j, term) for every term of k-step s0 + s (one vector of the tile's row i, column block j)
@@ -1100,17 +1114,17 @@ struct TopKMergeKernel : TopKMerge<KP, Term, E> {
           _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) f(i, j, Term::term(a[i * E], b[j]));
         }
       };
-      if constexpr (sizeof(V) == 64) {
+      if constexpr (kListed) {
         for (int s = 0; s < steps; ++s)
           each_term(s, [&](int i, int j, V term) __attribute__((always_inline)) {
-            masks[s][i * NV + j] = lanes_where<kGreater>(term, thr[i][j]);
+            masks[s][i * NV + j] = Slot(lanes_where<kGreater>(term, thr[i][j]));
           });
         int n = 0;
-        for (int s = 0; s < steps; s += 2) {
-          uint32_t bits = nonzero_words<V>(masks[s]);  // steps s and s + 1
-          if (s + 1 == steps) bits &= 0xffffu;           // (step s + 1 is left over from an earlier segment)
+        for (int s = 0; s < steps; s += kStepsPerTest) {
+          uint32_t bits = nonzero_slots<V>(masks[s]);  // steps s .. s + kStepsPerTest − 1
+          if (steps - s < kStepsPerTest) bits &= (1u << ((steps - s) * kSlots)) - 1;  // (later: an earlier segment's)
           n += append_lanes<V>(codes + n, bits & 0xffffu, s * kSlots);
-          n += append_lanes<V>(codes + n, bits >> 16, (s + 1) * kSlots);
+          n += append_lanes<V>(codes + n, bits >> 16, s * kSlots + 16);
         }
         for (int h = 0; h < n; ++h) {
           const uint32_t code = uint32_t(codes[h]), slot = code % kSlots;  // (unsigned: shifts and masks)
@@ -1320,7 +1334,7 @@ TS_TILE_FN void run_winners(const WinnersJob<T>& J) {
         // The hits: a vector's candidates, entry by entry while any lane reaches t.
         for (int h = 0; h < MR * NV; ++h) {
           const int i = h / NV, j = h % NV;
-          for (uint32_t bits = nonzero_words<V>(masks[h]) & valid; bits; bits &= bits - 1) {
+          for (uint32_t bits = nonzero_slots<V>(masks[h]) & valid; bits; bits &= bits - 1) {
             const int64_t k = s0 + __builtin_ctz(bits);
             const V bk = load<V>(bp + k * NR + j * L), tt = t[i][j];
             V* lists = reinterpret_cast<V*>(block + h * E * L);
