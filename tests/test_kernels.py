@@ -510,6 +510,66 @@ def test_kmax_strips_of_a_transposed_value(special, at, dtype, isa):
     if rows is not None:
         assert torch.equal(rows, columns), (special, at)
 
+def _pruned_lists_case(kind, k, M, K, N, dtype, gen):
+    if kind == "ties":  # small integer scores, |w| in {1, 2}: equal candidates within and across lists
+        g = torch.randint(-2, 2, (k, M, K), generator=gen).sort(0, descending=True).values.double()
+        w = torch.randint(-2, 3, (K, N), generator=gen).double()
+    else:  # spread-out scores (log-scale paths), short lists (a −∞ tail), dense weights with some zeros
+        g = make_value("kmax", (M, K), gen, torch.float64, k=k) * 6
+        w = make_weights((K, N), gen, torch.float64, zeros=0.1)
+    if kind == "no paths":  # a row without any path, scattered empty lists, a column of zero weights
+        g[:, 0] = -INF
+        g[:, torch.rand((M, K), generator=gen) < 0.3] = -INF
+        w[:, 0] = 0.0
+    if kind == "flat":  # every k alike: nothing can be skipped (the blocked kernel takes the product over)
+        g = g[:, :, :1].expand(k, M, K).contiguous()
+        w = w.abs().clamp(min=0.5)
+    return g.to(dtype), w.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["spread", "ties", "no paths", "flat"])
+@pytest.mark.parametrize("k", [2, 3, 4, 5, 8])
+def test_pruned_kmax_rows_equal_the_blocked_kernel(k, kind, dtype, isa, monkeypatch):
+    # kmax's pruned rows (run_pruned_topk) merge each row's picks first, then skip every k whose best
+    # candidate bound g[m, k, 0] + max over the panel of log|w| is below the panel's smallest k-th best, and
+    # merge the rest: lists bit-identical to the blocked kernel's (TORCH_SEMIRING_GEMM_PRUNE=0) and to the
+    # reference's top k of all candidates, for g with contiguous k and transposed.
+    gen = torch.Generator().manual_seed(17 + k)
+    for M, K, N in PRUNED_SHAPES:
+        g, w = _pruned_lists_case(kind, k, M, K, N, dtype, gen)
+        for layout, gg in (("rows", g), ("columns", g.transpose(1, 2).contiguous().transpose(1, 2))):
+            pruned = _C.kernel_matmul("kmax", gg, w)
+            monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
+            blocked = _C.kernel_matmul("kmax", gg, w)
+            monkeypatch.delenv("TORCH_SEMIRING_GEMM_PRUNE")
+            what = f"kmax({k}) {kind} {layout} {M}x{K}x{N}"
+            assert pruned is not None and torch.equal(pruned, blocked), what
+            assert torch.equal(pruned, kmax_reference_same_dtype(g, w)), what
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("special", [INF, NAN, -INF])
+@pytest.mark.parametrize("at", [(0, 2, 77), (3, 2, 299), (1, 0, 0)])  # (component, row, k): vector part, tail
+def test_pruned_kmax_rows_refuse_what_the_blocked_kernel_refuses(special, at, dtype, isa, monkeypatch):
+    # The pruned rows check each copied score < +inf (NaN fails) a vector at a time, the tail one by one:
+    # a refused score gives None (the semiring's generic matmul) with the rows on or off; −inf is a score.
+    gen = torch.Generator().manual_seed(5)
+    g = (torch.randn(4, 5, 300, generator=gen, dtype=torch.float64) * 3).sort(0, descending=True).values
+    w = make_weights((300, 40), gen, torch.float64, zeros=0.1)
+    c, m, kk = at
+    g[c:, m, kk] = special  # this score and the list's later ones: the list stays descending
+    g, w = g.to(dtype), w.to(dtype)
+    pruned = _C.kernel_matmul("kmax", g, w)
+    monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
+    blocked = _C.kernel_matmul("kmax", g, w)
+    monkeypatch.delenv("TORCH_SEMIRING_GEMM_PRUNE")
+    assert (pruned is None) == (blocked is None) == (special != -INF), (special, at)
+    if pruned is not None:
+        assert torch.equal(pruned, blocked)
+        assert torch.equal(pruned, kmax_reference_same_dtype(g, w))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("pair", [(NAN, 1.0), (1.0, NAN), (-INF, NAN), (1.0, 2.0), (-INF, 5.0), (-INF, -INF),
                                   (INF, -INF), (-0.0, 0.0)])

@@ -33,7 +33,8 @@
 // 2 ops (0.5 cycle on the 4 pipes), max_prod 6 (1.5); kmax(4) a filter of
 // 2 ops plus, for the vector-steps where a list can change (~17 % of a
 // 512-deep product of real lists, 3 % of a 1376-deep one, with the lists
-// warm-started: see kWarmPicks), a merge of 16 (see TopKMergeKernel::run_tile). On an Intel core (Sapphire
+// warm-started: see kWarmPicks), a merge of 16 (see TopKMergeKernel::run_tile);
+// products with K >= 256 take kmax's pruned rows instead (run_pruned_topk). On an Intel core (Sapphire
 // Rapids) 512-bit FP ops issue on two ports only, so each op costs twice
 // that (max-plus 1 cycle a vector: ≥ 2× an SGEMM's time at best).
 // Measured at 64 tokens on the Llama shapes with a cached weight (1 thread,
@@ -266,10 +267,12 @@ TS_TILE_FN int64_t pack_a_strip_lanes(const Job<T>& J, int64_t r0, int64_t k0, i
   if constexpr (has_segments<Op>::value && Op::kComponents == 4 && (L == 16 || L == 8)) {
     const V inf = V{} + std::numeric_limits<T>::infinity();
     auto below_inf = V{} < inf;  // all lanes true
-    if constexpr (L == 16 && MR <= 8) {
+    if constexpr (MR <= L / 2) {
       // A transposed g (m contiguous: the attention's k and v products): per k, the strip's rows of each
       // component are one vector (its lanes past MR: entries of the next rows, which their own strips
-      // check anyway), transposed into the MR (component) quads by the same two rounds of shuffles.
+      // check anyway), transposed into the MR (component) quads by two rounds of two-source shuffles
+      // (AVX-512: rows 0-7, AVX2: rows 0-3, of which MR are kept; the scalar loop took 8 % of MiniLM-128's
+      // kmax(4) kernel on AVX2).
       if (J.a_k != 1 && J.a_m == 1 && J.a_components == 4 && r0 + L <= J.M) {
         for (int64_t k = 0; k < kc; ++k) {
           const T* src = J.a + r0 + (k0 + k) * J.a_k;
@@ -278,12 +281,18 @@ TS_TILE_FN int64_t pack_a_strip_lanes(const Job<T>& J, int64_t r0, int64_t k0, i
             x[q] = load<V>(src + q * J.a_c);
             below_inf &= x[q] < inf;
           }
-          const V y0 = __builtin_shufflevector(x[0], x[1], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-          const V y2 = __builtin_shufflevector(x[2], x[3], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-          const V z0 = __builtin_shufflevector(y0, y2, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23);
-          const V z1 = __builtin_shufflevector(y0, y2, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31);
-          T quads[2 * L];  // rows 0-3, then 4-7
-          store(quads, z0), store(quads + L, z1);
+          T quads[2 * L];  // L / 2 rows' quads
+          if constexpr (L == 16) {
+            const V y0 = __builtin_shufflevector(x[0], x[1], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+            const V y2 = __builtin_shufflevector(x[2], x[3], 0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+            store(quads, __builtin_shufflevector(y0, y2, 0, 1, 16, 17, 2, 3, 18, 19, 4, 5, 20, 21, 6, 7, 22, 23));
+            store(quads + L, __builtin_shufflevector(y0, y2, 8, 9, 24, 25, 10, 11, 26, 27, 12, 13, 28, 29, 14, 15, 30, 31));
+          } else {
+            const V y0 = __builtin_shufflevector(x[0], x[1], 0, 8, 1, 9, 2, 10, 3, 11);
+            const V y2 = __builtin_shufflevector(x[2], x[3], 0, 8, 1, 9, 2, 10, 3, 11);
+            store(quads, __builtin_shufflevector(y0, y2, 0, 1, 8, 9, 2, 3, 10, 11));
+            store(quads + L, __builtin_shufflevector(y0, y2, 4, 5, 12, 13, 6, 7, 14, 15));
+          }
           std::memcpy(dst + k * MR * 4, quads, MR * 4 * sizeof(T));
         }
         for (int l = 0; l < L; ++l) ok &= below_inf[l] != 0;
@@ -430,12 +439,17 @@ constexpr int edge_rows(int mr, int which) {
 // from 0.07 to 0.03 (K = 1376), for kWarmPicks merges per row and vector.
 constexpr int64_t kWarmPicks = 8;
 
-// picks (M, R): per row m the k of its R largest g[m, k, 0] (R = min(kWarmPicks, K)),
+// The most picks a row takes (kWarmPicks here, kTopKPicks for the pruned rows).
+constexpr int64_t kMaxPicks = 16;
+static_assert(kWarmPicks <= kMaxPicks, "warm_picks holds at most kMaxPicks");
+
+// picks (M, R): per row m the k of its R largest g[m, k, 0] (R <= min(kMaxPicks, K)),
 // ties to the smaller k.
 //
 // Cost: a scalar insertion test per entry mispredicts at each insertion
 // (~R·ln(K/R) a row, 7 % of MiniLM-64's kmax(4) kernel in perf), so where g's
-// rows are contiguous the row is first reduced to its L lane maxima — L
+// rows are contiguous the row is first reduced to W lane maxima (G vectors
+// of L lanes, W = G·L >= R, over the residue classes of k mod W) — W
 // entries of the row, so their R-th largest τ is at most the row's R-th
 // largest — and only the entries ≥ τ (a mask per vector: R to a few times R)
 // go through the insertion. An entry below τ has R entries above it: it is
@@ -444,7 +458,8 @@ constexpr int64_t kWarmPicks = 8;
 template <class T, class V>
 TS_TILE_FN void warm_picks(const Job<T>& J, int64_t R, int32_t* picks) {
   constexpr int L = sizeof(V) / sizeof(T);
-  T best[kWarmPicks];
+  constexpr int kMaxG = (kMaxPicks + L - 1) / L;
+  T best[kMaxPicks];
   for (int64_t m = 0; m < J.M; ++m) {
     int32_t* row = picks + m * R;
     int64_t n = 0;
@@ -456,13 +471,17 @@ TS_TILE_FN void warm_picks(const Job<T>& J, int64_t R, int32_t* picks) {
       for (; q > 0 && best[q - 1] < x; --q) best[q] = best[q - 1], row[q] = row[q - 1];
       best[q] = x, row[q] = int32_t(k);
     };
-    const int64_t vec_k = J.a_k == 1 && L >= R && L <= 16 ? J.K / L * L : 0;
+    const int64_t G = (R + L - 1) / L, W = G * L;
+    const int64_t vec_k = J.a_k == 1 ? J.K / W * W : 0;
     if (vec_k > 0) {
-      V lane_max = V{} - std::numeric_limits<T>::infinity();
-      for (int64_t k = 0; k < vec_k; k += L) lane_max = max_keep(lane_max, load<V>(a + k));  // (NaN: never kept)
-      T lanes[L];
-      for (int l = 0; l < L; ++l) lanes[l] = lane_max[l];
-      std::nth_element(lanes, lanes + (R - 1), lanes + L, [](T x, T y) { return x > y; });
+      V lane_max[kMaxG];
+      for (int g = 0; g < kMaxG; ++g) lane_max[g] = V{} - std::numeric_limits<T>::infinity();
+      for (int64_t k = 0; k < vec_k; k += W)
+        for (int64_t g = 0; g < G; ++g) lane_max[g] = max_keep(lane_max[g], load<V>(a + k + g * L));  // (NaN: never kept)
+      T lanes[kMaxG * L];
+      for (int64_t g = 0; g < G; ++g)
+        for (int l = 0; l < L; ++l) lanes[g * L + l] = lane_max[g][l];
+      std::nth_element(lanes, lanes + (R - 1), lanes + W, [](T x, T y) { return x > y; });
       const V tau = V{} + lanes[R - 1];
       for (int64_t k = 0; k < vec_k; k += L)
         for (uint32_t h = lanes_where<kAtLeast>(load<V>(a + k), tau); h; h &= h - 1) insert(k + __builtin_ctz(h));
@@ -785,6 +804,171 @@ TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
   return Pruned::kDone;
 }
 
+// ---- kmax with the k that cannot enter a list skipped ------------------------
+//
+// kmax's products by rows, as run_pruned does for the max semirings: each row
+// and panel of NR columns visits only the k that can enter one of the
+// panel's lists. The row's R = kTopKPicks largest g[m, k, 0] (its picks) are
+// merged first, for real, into the panel's lists; θ, the smallest over the
+// panel's columns of their E-th scores, is at most every output's final E-th
+// score t_E. g's lists descend, so every candidate of k is at most
+// fl(g[m, k, 0] + max_n B[k, n]) (both roundings monotone); a k whose bound
+// is below θ has every candidate below every column's t_E — none of them in
+// a list, whose values are the top E of the union — and is skipped. The
+// picks' g[m, k, 0] are then NaN in the row's copy (their candidates are in
+// the lists already; NaN never passes the bound), so no candidate is merged
+// twice. The survivors' candidates are filtered and merged one row at a
+// time, with the lists and their E-th scores in registers: the threshold is
+// fresh after every merge, where the blocked kernel's is a segment old. A
+// list holds values only, and the top E of a union do not depend on the
+// order of its parts: the lists are bit-identical to the blocked kernel's.
+// Measured on MiniLM-128's kmax(4) backward (AVX2, 2026-11-28): the first
+// panel keeps 5-42 % of the k of its 36 products (median 15 %; a replay in
+// float64 kept ~1.6× as many with 8 picks); the backward went from 421 to
+// 351 ms, of which a branch per survivor and vector (the merges'
+// mispredictions) had cost 26 ms: hence the filter's hit lists.
+// Cost per row and panel: R·NV merges, K/L bound vectors (an add and a
+// compare), survivors·NV filter terms (an add, a compare, a mask test) and
+// a merge per hit; each row of g is copied once (E components, checked).
+constexpr int64_t kTopKPicks = 16;
+// More than this share of the k surviving the first panel: the blocked kernel.
+constexpr int64_t kPruneTopKMaxKept[2] = {1, 2};
+static_assert(kTopKPicks <= kMaxPicks, "warm_picks holds at most kMaxPicks");
+
+template <class Op, class T, class V, int NV>
+TS_TILE_FN Pruned run_pruned_topk(const Job<T>& J) {
+  constexpr int L = sizeof(V) / sizeof(T), NR = NV * L, E = Op::kComponents;
+  static_assert(std::is_base_of<MaxPlus, typename Op::Addition>::value, "kmax's terms are sums a + b");
+  using I = LaneInt<T>;
+  using IV = typename VecOf<I, sizeof(V)>::type;
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  const T nan = std::numeric_limits<T>::quiet_NaN();
+  const int64_t M = J.M, N = J.N, K = J.K, panels = (N + NR - 1) / NR, comps = J.a_components;
+  const int64_t Kv = (K + L - 1) / L * L, R = std::min(kTopKPicks, K);
+  thread_local std::vector<T> scratch, pick_values;
+  thread_local std::vector<int32_t> survivors, all_picks, hit_lists;
+  scratch.resize(size_t(M * Kv * E));
+  pick_values.resize(size_t(M * R * E));
+  hit_lists.resize(size_t(NV * (Kv + 16)));
+  int32_t* hits = hit_lists.data();
+  V thr[NV];
+  survivors.resize(size_t(Kv + 16));
+  all_picks.resize(size_t(M * R));
+  // Each row of g once: its components copied (component-major; k past K: NaN, no term), each present
+  // entry checked as Op::accepts does (< +∞, no NaN), absent components the zero (−∞).
+  for (int64_t m = 0; m < M; ++m) {
+    T* row = scratch.data() + m * Kv * E;
+    const T* a = J.a + m * J.a_m;
+    for (int q = 0; q < E; ++q) {
+      T* rq = row + q * Kv;
+      if (q >= comps) {
+        std::fill(rq, rq + Kv, -inf);
+        continue;
+      }
+      const T* src = a + q * J.a_c;
+      if (J.a_k == 1) {
+        std::memcpy(rq, src, size_t(K) * sizeof(T));
+      } else {
+        for (int64_t k = 0; k < K; ++k) rq[k] = src[k * J.a_k];
+      }
+      std::fill(rq + K, rq + Kv, nan);
+      IV fine = IV{} - 1;
+      for (int64_t k0 = 0; k0 + L <= K; k0 += L) fine &= load<V>(rq + k0) < inf;
+      for (int l = 0; l < L; ++l)
+        if (!fine[l]) return Pruned::kDeclined;
+      for (int64_t k = K / L * L; k < K; ++k)
+        if (!(rq[k] < inf)) return Pruned::kDeclined;
+    }
+  }
+  {  // the picks (the row's copy read as a contiguous g), their lists kept, their g[m, k, 0] marked
+    Job<T> rows = J;
+    rows.a = scratch.data(), rows.a_m = Kv * E, rows.a_k = 1;
+    warm_picks<T, V>(rows, R, all_picks.data());
+    for (int64_t m = 0; m < M; ++m) {
+      T* row = scratch.data() + m * Kv * E;
+      for (int64_t r = 0; r < R; ++r) {
+        const int64_t k = all_picks[m * R + r];
+        for (int q = 0; q < E; ++q) pick_values[(m * R + r) * E + q] = row[q * Kv + k];
+      }
+      for (int64_t r = 0; r < R; ++r) row[all_picks[m * R + r]] = nan;
+    }
+  }
+  IV lane;
+  for (int l = 0; l < L; ++l) lane[l] = I(l);
+  int32_t* surv = survivors.data();
+  const int64_t cm_stride = colmax_stride(K);
+  int64_t kept = 0;  // survivors of the first panel, all rows
+  // Panels outer, rows inner: a panel's B is reused by every row while it is in cache.
+  for (int64_t p = 0; p < panels; ++p) {
+    const int64_t nv = std::min<int64_t>(NR, N - p * NR);
+    const T* bp = J.bpack + p * K * NR;
+    const T* cm = J.colmax + p * cm_stride;
+    uint32_t in_panel[NV];  // the lanes of each vector that are columns (an edge panel's others: padding)
+    for (int j = 0; j < NV; ++j) {
+      const int64_t cols = std::max<int64_t>(0, std::min<int64_t>(L, nv - j * L));
+      in_panel[j] = cols == 32 ? ~0u : (1u << cols) - 1;
+    }
+    for (int64_t m = 0; m < M; ++m) {
+      const T* row = scratch.data() + m * Kv * E;
+      V list[NV][E];
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+        _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) list[j][q] = V{} - inf;
+      }
+      for (int64_t r = 0; r < R; ++r) {
+        const T* a = pick_values.data() + (m * R + r) * E;
+        const int64_t k = all_picks[m * R + r];
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j)
+          Op::merge(list[j], a, load<V>(bp + k * NR + j * L), typename Op::Exchange{});
+      }
+      V low = V{} + inf;
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+        low = min_keep(low, lane + I(j * L) < I(nv) ? list[j][E - 1] : V{} + inf);
+      }
+      const V theta = V{} + reduce_lanes<false>(low);
+      int64_t ns = 0;
+      for (int64_t k0 = 0; k0 < Kv; k0 += L) {  // (NaN: a pick or the padding, never kept)
+        const V bound = load<V>(row + k0) + load<V>(cm + k0);
+        ns += append_lanes<V>(surv + ns, lanes_where<kAtLeast>(bound, theta), int32_t(k0));
+      }
+      if (p == 0) kept += ns;
+      // the filter, without a branch: per survivor and vector, is a[0] + b above the E-th score the picks
+      // left? The hits' k are listed per vector, then merged (a merge that no longer beats the list, its
+      // E-th score having risen since, changes nothing).
+      int64_t nh[NV] = {};
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) thr[j] = list[j][E - 1];
+      for (int64_t s = 0; s < ns; ++s) {
+        const int32_t k = surv[s];
+        const V a0 = V{} + row[k];  // (one broadcast for the NV vectors)
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+          const uint32_t hit = lanes_where<kGreater>(a0 + load<V>(bp + k * NR + j * L), thr[j]);
+          hits[j * (Kv + 16) + nh[j]] = k;
+          nh[j] += (hit & in_panel[j]) != 0;
+        }
+      }
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+        for (int64_t h = 0; h < nh[j]; ++h) {
+          const int64_t k = hits[j * (Kv + 16) + h];
+          T a[E];
+          _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) a[q] = row[q * Kv + k];
+          Op::merge(list[j], a, load<V>(bp + k * NR + j * L), typename Op::Exchange{});
+        }
+      }
+      T* c = J.c + m * N + p * NR;
+      for (int j = 0; j < NV; ++j) {
+        if ((j + 1) * L <= nv) {
+          _Pragma("GCC unroll 8") for (int q = 0; q < E; ++q) store(c + q * J.c_c + j * L, list[j][q]);
+        } else {
+          for (int q = 0; q < E; ++q)
+            for (int64_t l = 0; l < nv - j * L; ++l) c[q * J.c_c + j * L + l] = list[j][q][l];
+        }
+      }
+    }
+    // Rows whose candidates spread too little for the bound: the blocked kernel (which overwrites C).
+    if (p == 0 && panels > 1 && kept * kPruneTopKMaxKept[1] > M * K * kPruneTopKMaxKept[0]) return Pruned::kNotPaying;
+  }
+  return Pruned::kDone;
+}
+
 // The whole product of one batch entry; false (and a partial C) when an entry
 // of g is outside what Op::accepts.
 template <class Op, class T, class V, int MR, int NV, bool ARG>
@@ -798,6 +982,11 @@ TS_TILE_FN bool run_job(const Job<T>& J) {
   if constexpr (prunable<Op, ARG>()) {
     if (K >= kPruneMinK && prune_enabled()) {
       const Pruned r = run_pruned<Op, T, V, NV, ARG>(J);
+      if (r != Pruned::kNotPaying) return r == Pruned::kDone;
+    }
+  } else if constexpr (has_segments<Op>::value) {
+    if (K >= kPruneMinK && prune_enabled()) {
+      const Pruned r = run_pruned_topk<Op, T, V, NV>(J);
       if (r != Pruned::kNotPaying) return r == Pruned::kDone;
     }
   }

@@ -190,6 +190,7 @@ struct TopKMerge {
   static_assert(KP >= 2 && (KP & (KP - 1)) == 0, "TopKMerge: KP must be a power of two >= 2");
   static_assert(E <= KP && 2 * E > KP, "TopKMerge: KP must be the power of two >= E");
   static constexpr int kComponents = E;
+  using Addition = Term;
   template <class T>
   TS_TILE_FN static constexpr T zero(int) { return -std::numeric_limits<T>::infinity(); }
   template <class T>
