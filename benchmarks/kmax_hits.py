@@ -16,6 +16,10 @@ from one ts.grad), and prints the share for:
   one order     the k steps in one order for all rows (by max_m g[m, k, 0]);
   short first   segments of 4, 4, 8, 16, then 32 steps.
 A simulation, not a timing; it checks that every variant ends with the same lists.
+Then, for the pruned rows that take products with K >= 256 (run_pruned_topk), the
+share of the k kept: per row and panel of 16 columns, the k whose bound
+g[m, k, 0] + max over the panel of log|w| reaches the smallest k-th best of the
+candidates of the row's 16 largest g[m, k, 0] (and with 8 picks, or 32 columns).
 
     PYTHONPATH=python python benchmarks/kmax_hits.py [--model decoder] [--k 4] [--layers 0,3,4,6]
 """
@@ -54,6 +58,18 @@ def merge_share(a, lw, k, warm=None, schedule=(SEGMENT,)):
         s0 += length
         segment += 1
     return merges / steps, lists
+
+
+def kept_share(a, lw, k, picks=16, panel=16):
+    """Share of (row, k, panel) the pruned rows keep; a: (M, K, k) descending log lists, lw: (K, N) log|w|."""
+    M, K, _ = a.shape
+    N = lw.shape[1] // panel * panel
+    top = a[:, :, 0].topk(min(picks, K), -1).indices                                        # (M, R)
+    cand = a.gather(1, top[:, :, None].expand(-1, -1, k))[:, :, :, None] + lw[top][:, :, None, :N]  # (M, R, k, N)
+    kth = cand.reshape(M, -1, N).topk(k, 1).values[:, k - 1]                                 # (M, N)
+    theta = kth.reshape(M, N // panel, panel).amin(-1)                                       # (M, P)
+    colmax = lw[:, :N].reshape(K, N // panel, panel).amax(-1)                                # (K, P)
+    return (a[:, :, 0][:, :, None] + colmax[None] >= theta[:, None, :]).double().mean().item()
 
 
 def main() -> int:
@@ -102,6 +118,8 @@ def main() -> int:
         same = all(torch.equal(lists, other) for other in (warm_lists, order_lists, short_lists))
         print(f"layer {i} (M={M}, K={K}, N={N}): now {now:.3f}, warm start {warm_share:.3f}, one order "
               f"{order_share:.3f}, short first {short_share:.3f}; same lists: {same}")
+        print(f"  pruned rows keep {kept_share(a, lw, k):.3f} of the k (8 picks {kept_share(a, lw, k, picks=8):.3f}, "
+              f"32 columns {kept_share(a, lw, k, panel=32):.3f})")
     return 0
 
 
