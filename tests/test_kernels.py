@@ -444,6 +444,15 @@ def _pruned_pair_case(kind, M, K, N, dtype, gen):
     return g.to(dtype), w.to(dtype)
 
 
+def pruned_and_blocked(name, g, w, monkeypatch):
+    """kernel_matmul's product with the pruned GEMM rows on (the default), then off (TORCH_SEMIRING_GEMM_PRUNE=0)."""
+    pruned = _C.kernel_matmul(name, g, w)
+    monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
+    blocked = _C.kernel_matmul(name, g, w)
+    monkeypatch.delenv("TORCH_SEMIRING_GEMM_PRUNE")
+    return pruned, blocked
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("kind", ["spread", "ties", "no paths", "one sign"])
 def test_pruned_max_prod_rows_equal_the_blocked_kernel(kind, dtype, isa, monkeypatch):
@@ -452,10 +461,7 @@ def test_pruned_max_prod_rows_equal_the_blocked_kernel(kind, dtype, isa, monkeyp
     gen = torch.Generator().manual_seed(11)
     for M, K, N in PRUNED_SHAPES:
         g, w = _pruned_pair_case(kind, M, K, N, dtype, gen)
-        pruned = _C.kernel_matmul("max_prod", g, w)
-        monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
-        blocked = _C.kernel_matmul("max_prod", g, w)
-        monkeypatch.delenv("TORCH_SEMIRING_GEMM_PRUNE")
+        pruned, blocked = pruned_and_blocked("max_prod", g, w, monkeypatch)
         what = f"max_prod {kind} {M}x{K}x{N}"
         assert pruned is not None and torch.equal(pruned, blocked), what
         want = reference("max_prod", g, w).to(dtype)
@@ -539,10 +545,7 @@ def test_pruned_kmax_rows_equal_the_blocked_kernel(k, kind, dtype, isa, monkeypa
     for M, K, N in PRUNED_SHAPES:
         g, w = _pruned_lists_case(kind, k, M, K, N, dtype, gen)
         for layout, gg in (("rows", g), ("columns", g.transpose(1, 2).contiguous().transpose(1, 2))):
-            pruned = _C.kernel_matmul("kmax", gg, w)
-            monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
-            blocked = _C.kernel_matmul("kmax", gg, w)
-            monkeypatch.delenv("TORCH_SEMIRING_GEMM_PRUNE")
+            pruned, blocked = pruned_and_blocked("kmax", gg, w, monkeypatch)
             what = f"kmax({k}) {kind} {layout} {M}x{K}x{N}"
             assert pruned is not None and torch.equal(pruned, blocked), what
             assert torch.equal(pruned, kmax_reference_same_dtype(g, w)), what
@@ -560,10 +563,7 @@ def test_pruned_kmax_rows_refuse_what_the_blocked_kernel_refuses(special, at, dt
     c, m, kk = at
     g[c:, m, kk] = special  # this score and the list's later ones: the list stays descending
     g, w = g.to(dtype), w.to(dtype)
-    pruned = _C.kernel_matmul("kmax", g, w)
-    monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
-    blocked = _C.kernel_matmul("kmax", g, w)
-    monkeypatch.delenv("TORCH_SEMIRING_GEMM_PRUNE")
+    pruned, blocked = pruned_and_blocked("kmax", g, w, monkeypatch)
     assert (pruned is None) == (blocked is None) == (special != -INF), (special, at)
     if pruned is not None:
         assert torch.equal(pruned, blocked)
@@ -583,10 +583,7 @@ def test_pruned_max_prod_rows_accept_what_the_blocked_kernel_accepts(pair, at, d
     g = torch.stack([M.abs(), -M.abs() * 0.5]).to(dtype)
     w = make_weights((300, 40), gen, dtype, zeros=0.1)
     g[0, 2, at], g[1, 2, at] = pair
-    pruned = _C.kernel_matmul("max_prod", g, w)
-    monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
-    blocked = _C.kernel_matmul("max_prod", g, w)
-    monkeypatch.delenv("TORCH_SEMIRING_GEMM_PRUNE")
+    pruned, blocked = pruned_and_blocked("max_prod", g, w, monkeypatch)
     assert (pruned is None) == (blocked is None), pair
     assert (pruned is None) == (math.isnan(pair[0]) or math.isnan(pair[1]) or (pair[0] != -INF and pair[0] < pair[1]))
     if pruned is not None:
@@ -602,10 +599,7 @@ def test_pruned_max_abs_rows_accept_what_the_blocked_kernel_accepts(special, dty
     g = (torch.randn(4, 300, generator=gen, dtype=torch.float64) * 6).exp().to(dtype)
     w = make_weights((300, 40), gen, dtype, zeros=0.1)
     g[2, 77] = special
-    pruned = _C.kernel_matmul("max_abs", g[None], w)
-    monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
-    blocked = _C.kernel_matmul("max_abs", g[None], w)
-    monkeypatch.delenv("TORCH_SEMIRING_GEMM_PRUNE")
+    pruned, blocked = pruned_and_blocked("max_abs", g[None], w, monkeypatch)
     assert (pruned is None) == (blocked is None), special
     if pruned is not None:
         assert torch.equal(pruned, blocked), special
