@@ -551,6 +551,18 @@ def test_pruned_kmax_rows_equal_the_blocked_kernel(k, kind, dtype, isa, monkeypa
             assert torch.equal(pruned, kmax_reference_same_dtype(g, w)), what
 
 
+def test_kmax_products_past_the_pruned_rows_scratch():
+    # kmax(8) in float64 over 520 × 2048: the pruned rows would copy 65 MiB of g (past kPruneScratchBytes,
+    # 64 MiB), so the blocked kernel takes it — the same lists as with the pruned rows turned off, and the
+    # reference's; a product just under the limit (500 rows, 63 MiB) takes the pruned rows, with the same lists.
+    gen = torch.Generator().manual_seed(41)
+    w = make_weights((2048, 2), gen, torch.float64)
+    for M in (500, 520):
+        g = make_value("kmax", (M, 2048), gen, torch.float64, k=8) * 6
+        out = _C.kernel_matmul("kmax", g, w)
+        assert out is not None and torch.equal(out, kmax_reference_same_dtype(g, w)), M
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("special", [INF, NAN, -INF])
 @pytest.mark.parametrize("at", [(0, 2, 77), (3, 2, 299), (1, 0, 0)])  # (component, row, k): vector part, tail

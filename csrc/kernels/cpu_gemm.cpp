@@ -969,6 +969,19 @@ TS_TILE_FN Pruned run_pruned_topk(const Job<T>& J) {
   return Pruned::kDone;
 }
 
+// The pruned rows copy every row of g first (viterbi's and max_abs's once,
+// max_prod's three rows a row, kmax's its E components), into a scratch kept
+// per thread: products whose copy would pass this take the blocked kernel,
+// which packs a block at a time. (MiniLM's and BERT-base's products at 512
+// tokens copy at most 25 MiB.) Taking the rows in blocks of a bounded copy
+// instead measured 4 % slower on MiniLM-128's kmax(4) backward (7.34-7.43 ->
+// 7.64-7.65 x stock, alternating builds while CI shared the other core,
+// 2026-11-28 — near what such runs resolve), so it was left for later.
+constexpr int64_t kPruneScratchBytes = int64_t(64) << 20;
+inline bool pruned_scratch_fits(int64_t M, int64_t K, int64_t bytes_per_entry) {
+  return M * (K + 16) * bytes_per_entry <= kPruneScratchBytes;
+}
+
 // The whole product of one batch entry; false (and a partial C) when an entry
 // of g is outside what Op::accepts.
 template <class Op, class T, class V, int MR, int NV, bool ARG>
@@ -980,12 +993,13 @@ TS_TILE_FN bool run_job(const Job<T>& J) {
   const int64_t panels = (N + NR - 1) / NR;
 
   if constexpr (prunable<Op, ARG>()) {
-    if (K >= kPruneMinK && prune_enabled()) {
+    constexpr int kCopies = std::is_base_of<MaxProdPair, Op>::value ? 3 : 1;
+    if (K >= kPruneMinK && prune_enabled() && pruned_scratch_fits(M, K, kCopies * sizeof(T))) {
       const Pruned r = run_pruned<Op, T, V, NV, ARG>(J);
       if (r != Pruned::kNotPaying) return r == Pruned::kDone;
     }
   } else if constexpr (has_segments<Op>::value) {
-    if (K >= kPruneMinK && prune_enabled()) {
+    if (K >= kPruneMinK && prune_enabled() && pruned_scratch_fits(M, K, C * sizeof(T))) {
       const Pruned r = run_pruned_topk<Op, T, V, NV>(J);
       if (r != Pruned::kNotPaying) return r == Pruned::kDone;
     }
