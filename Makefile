@@ -67,7 +67,7 @@ tiny-demo: build
 # off-mode overhead; tables on stdout, JSON in benchmarks/results/. BENCH_SEMIRINGS / BENCH_ROUNDS and
 # `benchmarks/run.py --models …` run a part (benchmarks/README.md).
 bench: build
-	$(VPY) benchmarks/kernels.py
+	$(VPY) benchmarks/gemm_kernels.py
 	$(VPY) benchmarks/norm_rows.py
 	$(VPY) benchmarks/run.py
 	$(VPY) benchmarks/preload.py

@@ -1,6 +1,6 @@
 """What the benchmarks say about where they ran: one thread, and the torch, machine, kernel ISA and date.
 
-Shared by kernels.py, norm_rows.py, profile_rules.py and run.py, so every table carries the same facts.
+Shared by gemm_kernels.py, norm_rows.py, profile_rules.py and run.py, so every table carries the same facts.
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Markdown tables from the JSON that benchmarks/kernels.py and run.py write (for benchmarks/README.md).
+"""Markdown tables from the JSON that benchmarks/gemm_kernels.py and run.py write (for benchmarks/README.md).
 
     python benchmarks/to_markdown.py [models.json] [--kernels kernels.json]
 
@@ -51,7 +51,7 @@ def models_table(path):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("models", nargs="?", default=os.path.join(HERE, "results", "models.json"))
-    ap.add_argument("--kernels", help="kernels.py's JSON (default: results/kernels.json, if it exists)")
+    ap.add_argument("--kernels", help="gemm_kernels.py's JSON (default: results/kernels.json, if it exists)")
     args = ap.parse_args()
     kernels = args.kernels or os.path.join(HERE, "results", "kernels.json")
     if os.path.exists(kernels):

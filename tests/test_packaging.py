@@ -182,6 +182,31 @@ def test_wheel_metadata_pins_the_torch_release_it_was_built_against(tmp_path):
     assert 'Requires-Dist: pandas; extra == "viz"' in metadata
 
 
+# The folders whose files run as scripts (`python benchmarks/run.py`): Python puts the script's folder first on
+# sys.path, so a file there named like an installed or standard module replaces it for everything the script
+# imports. transformers 5.25 imports the `kernels` package (its dependency) whenever it is installed, and
+# benchmarks/kernels.py (now gemm_kernels.py) broke every benchmark that loads a Hugging Face model.
+SCRIPT_FOLDERS = ("benchmarks", "benchmarks/baselines", "tools", "tools/patch_check", "reproduce")
+SHADOWS_ON_PURPOSE = {"sitecustomize"}  # tools/patch_check: loaded into the patched-engine process by design
+
+
+def test_no_script_folder_shadows_an_installed_or_standard_module():
+    import importlib.machinery
+    ours = {ROOT, os.path.join(ROOT, "tests")} | {os.path.join(ROOT, f) for f in SCRIPT_FOLDERS}
+    elsewhere = [p for p in sys.path if p and os.path.abspath(p) not in ours]  # site-packages, the standard library
+    shadowing = []
+    for folder in SCRIPT_FOLDERS:
+        for name in sorted(os.listdir(os.path.join(ROOT, folder))):
+            module = name[:-3] if name.endswith(".py") else name if os.path.isfile(
+                os.path.join(ROOT, folder, name, "__init__.py")) else None
+            if module is None or module in SHADOWS_ON_PURPOSE:
+                continue
+            if (module in sys.builtin_module_names or module in sys.stdlib_module_names
+                    or importlib.machinery.PathFinder.find_spec(module, elsewhere) is not None):
+                shadowing.append(f"{folder}/{name}")
+    assert not shadowing, f"rename these: they replace a module of the same name for the folder's scripts: {shadowing}"
+
+
 # -- optional dependencies -----------------------------------------------------------------------------
 
 def test_require_names_the_extra():

@@ -22,7 +22,7 @@ fp32, one thread, median of several runs of the thread's CPU time
 (`time.thread_time`: time the process spends preempted by others on a shared
 machine is not counted). Not a test: nothing asserts on time.
 
-    PYTHONPATH=python python benchmarks/kernels.py      # BENCH_REPEATS=7; writes benchmarks/results/kernels.json (BENCH_JSON=path)
+    PYTHONPATH=python python benchmarks/gemm_kernels.py      # BENCH_REPEATS=7; writes benchmarks/results/kernels.json (BENCH_JSON=path)
     BENCH_SHAPES=Llama BENCH_KERNELS=viterbi,kmax ...   # a subset: shapes whose label contains one of the
                                                         # words, these semirings (for trying things out)
 """
