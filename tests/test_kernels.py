@@ -629,6 +629,12 @@ def _pruned_case(name, kind, M, K, N, dtype, gen):
         g = torch.randint(0, 3, (M, K), generator=gen).to(dtype)
         w = torch.randint(-1, 2, (K, N), generator=gen).to(dtype) if name == "viterbi" else \
             torch.randint(-2, 3, (K, N), generator=gen).to(dtype)
+    elif kind == "clustered":  # the paths that can win in one run of 40 k: many survivors in each vector of k,
+        g = torch.full((M, K), -30.0, dtype=torch.float64)  # their winners anywhere in it (not each vector's first)
+        start = int(torch.randint(0, K - 40, (1,), generator=gen))
+        g[:, start:start + 40] = torch.randn(M, 40, generator=gen, dtype=torch.float64) * 0.5
+        g = (g if name == "viterbi" else g.exp()).to(dtype)
+        w = make_weights((K, N), gen, dtype, zeros=0.1)
     else:  # spread-out scores (log-scale paths), weights of a dense layer with some zeros
         g = torch.randn(M, K, generator=gen, dtype=torch.float64) * 6
         g = (g if name == "viterbi" else g.exp()).to(dtype)
@@ -642,7 +648,7 @@ def _pruned_case(name, kind, M, K, N, dtype, gen):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("kind", ["spread", "ties", "no paths"])
+@pytest.mark.parametrize("kind", ["spread", "ties", "no paths", "clustered"])
 @pytest.mark.parametrize("name", ["viterbi", "max_abs"])
 def test_pruned_rows_equal_the_blocked_kernel(name, kind, dtype, isa, monkeypatch):
     gen = torch.Generator().manual_seed(7)
