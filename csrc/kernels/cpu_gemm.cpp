@@ -620,6 +620,10 @@ TS_TILE_FN auto reduce_lanes(V v) {
 // the whole viterbi backward 127.3 → 119.9 ms. Not for max_prod's pair (171 →
 // 174 ms a backward: its 4 accumulators a vector leave one chain) nor argmax
 // (78 → 106 ms: the indices double the registers). AVX-512 not measured.
+// Only while a group's B (K·2·NR elements) stays within 256 KiB: BERT-base's twelve 128×3072×768 viterbi
+// products took 165.4 ms grouped (393 KiB of B a group) against 142.6 in single panels (its K = 768
+// products: 1.00-1.02×; MiniLM-128's, K = 384 and 1536: 0.87-0.91×).
+constexpr int64_t kGroupBBytes = int64_t(256) << 10;
 template <int NR, int VBytes, int C, bool ARG>
 constexpr int pruned_group() {
   return VBytes < 64 && C == 1 && !ARG ? 2 : 1;
@@ -734,7 +738,9 @@ TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
     }
   };
   int64_t kept = 0;  // survivors of the first group, all rows
-  constexpr const int64_t* kMaxKept = kGroup > 1 ? kPruneMaxKeptGrouped : kPruneMaxKept[kPair];
+  // grouped where the group's B stays in L2 while every row visits it
+  const bool grouped = kGroup > 1 && K * kGroup * NR * int64_t(sizeof(T)) <= kGroupBBytes;
+  const int64_t* kMaxKept = grouped ? kPruneMaxKeptGrouped : kPruneMaxKept[kPair];
   thread_local std::vector<T> group_colmax;
   if (kGroup > 1) group_colmax.resize(size_t(cm_stride));
   // Groups of GG packed panels outer, rows inner: a group's B is reused by every row while it is in cache.
@@ -850,7 +856,7 @@ TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
   };
   bool first = true;
   for (int64_t p0 = 0; p0 < panels;) {
-    if (kGroup > 1 && p0 + kGroup <= panels) {
+    if (grouped && p0 + kGroup <= panels) {
       run_group.template operator()<kGroup>(p0);
       p0 += kGroup;
     } else {
