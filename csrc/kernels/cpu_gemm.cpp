@@ -747,7 +747,8 @@ TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
   // Each row scans its k once per group and visits each survivor's GG·NV vectors of B.
   auto run_group = [&]<int GG>(int64_t p0) __attribute__((always_inline)) {
     constexpr int NVG = NV * GG;  // vectors of a row of the group
-    constexpr int kChains = pruned_chains<NVG * C * (ARG ? 2 : 1), ARG>();
+    // one panel: 4 chains (2 with argmax), as measured before groups; a group: within 8 registers
+    constexpr int kChains = GG == 1 ? (ARG ? 2 : 4) : pruned_chains<NVG * C * (ARG ? 2 : 1), ARG>();
     const int64_t nv = std::min<int64_t>(GG * NR, N - p0 * NR);
     const T* bpg[GG];
     for (int g = 0; g < GG; ++g) bpg[g] = J.bpack + (p0 + g) * K * NR;
