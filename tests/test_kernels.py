@@ -621,7 +621,7 @@ def test_pruned_max_abs_rows_accept_what_the_blocked_kernel_accepts(special, dty
 # g ⊗ max over a 32-column panel of lift(w) is below the panel's smallest lower bound is skipped, so the
 # values and the argmax (ties to the smallest k) must be bit-identical to the blocked kernel's
 # (TORCH_SEMIRING_GEMM_PRUNE=0), on spread-out rows (most k pruned), ties, rows without paths, zero weights.
-# (K = 2100: past the 256 KiB of B that two packed panels may take, so one panel a group)
+# (K = 2100: a long product, its rows copied and scanned whole)
 PRUNED_SHAPES = [(1, 256, 1), (5, 256, 17), (13, 300, 40), (12, 384, 96), (3, 512, 33), (2, 257, 130), (3, 2100, 40)]
 
 

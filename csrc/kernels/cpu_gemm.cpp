@@ -554,28 +554,22 @@ TS_TILE_FN void warm_fill(const Job<T>& J, const int32_t* picks, int64_t R, int6
 // max_abs gained nothing from a second pick.
 // The survivors are visited in increasing k with the same term, in kChains
 // interleaved accumulators (one chain is bound by the max's latency), merged
-// as ⊕ with ties to the smaller k; the list is padded to whole rounds of the
-// chains by repeating its last k (idempotent), so no chain has a tail loop.
-// Groups of packed panels (pruned_group: two for viterbi and max_abs on AVX2)
-// outer, rows inner, so a group's B stays in cache for all rows.
+// as ⊕ with ties to the smaller k. Panels outer, rows inner, so a panel's B
+// stays in cache for all rows.
 // Measured: on MiniLM-64's viterbi backward 80 % of the k are skipped; with a
 // cached weight, µs a product: 64×384×384 253 → 145, 64×1536×384 1039 → 385,
 // the decoder's 64×1376×512 1226 → 530 (a 12 × 32 tile's own bound, the
 // blocked kernel's granularity, skips only 5–35 %: its rows' maxima differ
 // too much). Where the first panel keeps more than a third of the k (max_prod: a half; rows whose
 // maxima spread little), the blocked kernel takes the product over.
-// Cost per row and group of G panels: L·NV·G terms for θ, K/L bound vectors
-// (an add or multiply, a compare and an append of the survivors' indices
-// each), survivors·NV·G terms.
+// Cost per row and panel: L·NV terms for θ, K/L bound vectors (an add or
+// multiply and a compare each), survivors·NV terms.
 constexpr int64_t kPruneMinK = 256;
 // More than this share of the k surviving the first panel: the blocked kernel. max_prod's pair takes the
 // rows up to a half: on MiniLM's output.dense products (K 384, 35-40 % kept) the rows took 2.6-2.8 ms where
 // the blocked kernel took 3.3 (Sapphire Rapids, 1 thread). With update_row, the whole max_prod backward
 // (alternating builds, 2026-11-27): MiniLM-64 4.37-4.77 -> 4.16-4.61 x stock, MiniLM-128 5.31-5.80 -> 4.78-5.21.
 constexpr int64_t kPruneMaxKept[2][2] = {{1, 3}, {1, 2}};  // [one component, max_prod's pair]
-// Grouped panels (pruned_group) up to a half: their survivors cost less each. MiniLM-128's viterbi
-// products with 1/3: 42.5-42.8 ms, with 1/2: 41.3-41.7 (replayed as for pruned_group).
-constexpr int64_t kPruneMaxKeptGrouped[2] = {1, 2};
 
 // viterbi's and max_abs's kernels (MaxPlus, MaxTimes and their instruction-choice subclasses), with or
 // without argmax; max_prod's pair without (its argmax version, for paths, keeps the blocked kernel).
@@ -607,45 +601,17 @@ TS_TILE_FN auto reduce_lanes(V v) {
   return out;
 }
 
-// Packed panels per pruned group: 2 for viterbi's and max_abs's one-component
-// values without argmax on the 16-register ISAs (AVX2: 32 float columns, as
-// AVX-512's one panel; SSE), else 1. A row's scan of its K bounds and its θ
-// then serve both panels, and each survivor's k loads 4 vectors of B per
-// round instead of 2. The group's bound takes the larger column maximum of its
-// two panels and θ the smaller, so more k survive: on MiniLM-128's viterbi
-// products ~1.5× as many (a sample product 13.5 % → 20.7 %) — about what a
-// second scan would have cost. Measured on MiniLM-128's 36 linear products
-// with their real values (AVX2, Zen 3, 1 thread, replayed in one process,
-// alternating): viterbi 43.8-44.3 → 41.3-41.7 ms, max_abs 43.9 → 35.8 ms; in
-// the whole viterbi backward 127.3 → 119.9 ms. Not for max_prod's pair (171 →
-// 174 ms a backward: its 4 accumulators a vector leave one chain) nor argmax
-// (78 → 106 ms: the indices double the registers). AVX-512 not measured.
-// Only while a group's B (K·2·NR elements) stays within 256 KiB: BERT-base's twelve 128×3072×768 viterbi
-// products took 165.4 ms grouped (393 KiB of B a group) against 142.6 in single panels (its K = 768
-// products: 1.00-1.02×; MiniLM-128's, K = 384 and 1536: 0.87-0.91×).
-constexpr int64_t kGroupBBytes = int64_t(256) << 10;
-template <int NR, int VBytes, int C, bool ARG>
-constexpr int pruned_group() {
-  return VBytes < 64 && C == 1 && !ARG ? 2 : 1;
-}
-// Interleaved chains of a group's accumulators (`regs` vectors a chain): within 8 registers, at most 4
-// (2 with argmax) — one chain is bound by the latency of the max on Intel cores.
-template <int regs, bool ARG>
-constexpr int pruned_chains() {
-  return std::max(1, std::min(ARG ? 2 : 4, 8 / regs));
-}
-
 enum class Pruned { kDone, kDeclined, kNotPaying };
 
 template <class Op, class T, class V, int NV, bool ARG>
 TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
   constexpr int L = sizeof(V) / sizeof(T), NR = NV * L;
+  constexpr int kChains = ARG ? 2 : 4;
   constexpr bool kTimes = std::is_base_of<MaxTimes, Op>::value;
   constexpr bool kPair = std::is_base_of<MaxProdPair, Op>::value;  // max_prod: (M, m), both ends bounded
   constexpr int C = kPair ? 2 : 1;  // components of a value
   constexpr int kRows = kPair ? 3 : 1;  // per row of g: its components, and for the pair a_k = max(|M|, |m|)
   static_assert(!(kPair && ARG), "max_prod's argmax product is not pruned");
-  constexpr int kGroup = pruned_group<NR, sizeof(V), C, ARG>();
   constexpr T inf = std::numeric_limits<T>::infinity();
   using I = LaneInt<T>;
   using IV = typename VecOf<I, sizeof(V)>::type;
@@ -737,54 +703,31 @@ TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
       acc[0] = max_keep(acc[0], Op::term(row[k], b));
     }
   };
-  int64_t kept = 0;  // survivors of the first group, all rows
-  // grouped where the group's B stays in L2 while every row visits it
-  const bool grouped = kGroup > 1 && K * kGroup * NR * int64_t(sizeof(T)) <= kGroupBBytes;
-  const int64_t* kMaxKept = grouped ? kPruneMaxKeptGrouped : kPruneMaxKept[kPair];
-  thread_local std::vector<T> group_colmax;
-  if (kGroup > 1) group_colmax.resize(size_t(cm_stride));
-  // Groups of GG packed panels outer, rows inner: a group's B is reused by every row while it is in cache.
-  // Each row scans its k once per group and visits each survivor's GG·NV vectors of B.
-  auto run_group = [&]<int GG>(int64_t p0) __attribute__((always_inline)) {
-    constexpr int NVG = NV * GG;  // vectors of a row of the group
-    // one panel: 4 chains (2 with argmax), as measured before groups; a group: within 8 registers
-    constexpr int kChains = GG == 1 ? (ARG ? 2 : 4) : pruned_chains<NVG * C * (ARG ? 2 : 1), ARG>();
-    const int64_t nv = std::min<int64_t>(GG * NR, N - p0 * NR);
-    const T* bpg[GG];
-    for (int g = 0; g < GG; ++g) bpg[g] = J.bpack + (p0 + g) * K * NR;
-    auto b_at = [&](int64_t k, int v) __attribute__((always_inline)) {
-      return load<V>(bpg[v / NV] + k * NR + (v % NV) * L);
-    };
-    // the group's column maxima: per k, the largest over its panels'
-    const T* cm = J.colmax + p0 * cm_stride;
-    if constexpr (GG > 1) {
-      T* out = group_colmax.data();
-      for (int64_t k0 = 0; k0 < cm_stride; k0 += L) {
-        V x = load<V>(cm + k0);
-        for (int g = 1; g < GG; ++g) x = max_keep(x, load<V>(cm + g * cm_stride + k0));
-        store(out + k0, x);
-      }
-      cm = out;
-    }
+  int64_t kept = 0;  // survivors of the first panel, all rows
+  // Panels outer, rows inner: a panel's B is reused by every row while it is in cache.
+  for (int64_t p = 0; p < panels; ++p) {
     for (int64_t m = 0; m < M; ++m) {
       const T* row = scratch.data() + m * Kv * kRows;
       const T* key = row + (kRows - 1) * Kv;
       const int32_t* picks = all_picks.data() + m * kPicks;
       constexpr int np = kPicks;
-      // θ: the smallest over the group's columns of the picks' best terms
+      const int64_t nv = std::min<int64_t>(NR, N - p * NR);
+      const T* bp = J.bpack + p * K * NR;
+      // θ: the smallest over the panel's columns of the picks' best terms
       // (the pair: also the largest of their smallest, θ_m)
-      V lower[NVG][C];
-      _Pragma("GCC unroll 8") for (int v = 0; v < NVG; ++v) {
-        for (int c = 0; c < C; ++c) lower[v][c] = V{} + Op::template zero<T>(c);
+      V lower[NV][C];
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+        for (int c = 0; c < C; ++c) lower[j][c] = V{} + Op::template zero<T>(c);
       }
       _Pragma("GCC unroll 16") for (int r = 0; r < np; ++r) {
-        _Pragma("GCC unroll 8") for (int v = 0; v < NVG; ++v) add_term(lower[v], row, Kv, picks[r], b_at(picks[r], v));
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j)
+          add_term(lower[j], row, Kv, picks[r], load<V>(bp + picks[r] * NR + j * L));
       }
       V low = V{} + inf, high = V{} - inf;
-      _Pragma("GCC unroll 8") for (int v = 0; v < NVG; ++v) {
-        const auto in_panel = lane + I(v * L) < I(nv);
-        low = min_keep(low, in_panel ? lower[v][0] : V{} + inf);
-        if constexpr (kPair) high = max_keep(high, in_panel ? lower[v][1] : V{} - inf);
+      _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+        const auto in_panel = lane + I(j * L) < I(nv);
+        low = min_keep(low, in_panel ? lower[j][0] : V{} + inf);
+        if constexpr (kPair) high = max_keep(high, in_panel ? lower[j][1] : V{} - inf);
       }
       T theta = reduce_lanes<false>(low);
       if constexpr (kPair) {
@@ -793,81 +736,70 @@ TS_TILE_FN Pruned run_pruned(const Job<T>& J) {
       }
       // the survivors, in increasing k
       const V theta_v = V{} + theta;
+      const T* cm = J.colmax + p * cm_stride;
       int64_t ns = 0;
-      [[maybe_unused]] Lanes8 base = Lanes8{};  // k0 in every lane
       for (int64_t k0 = 0; k0 < Kv; k0 += L) {
         const V g = load<V>(key + k0), c = load<V>(cm + k0);
         uint32_t h = lanes_where<kAtLeast>(kTimes || kPair ? g * c : g + c, theta_v);
         if (k0 + L > K) h &= (1u << (K - k0)) - 1;  // the padding
-        if constexpr (sizeof(V) == 32) {  // AVX2: at most 8 lanes, the ids kept as a vector
-          ns += append_byte_lanes<V>(surv + ns, h, base);
-          base += L;
-        } else {
-          ns += append_lanes<V>(surv + ns, h, int32_t(k0));
-        }
+        ns += append_lanes<V>(surv + ns, h, int32_t(k0));
       }
-      if (p0 == 0) kept += ns;
-      // the list padded to whole rounds of the chains by repeating its last k: a repeated term changes no
-      // maximum, minimum or argmax, and no chain has a tail of its own (whose accumulators GCC kept in memory)
-      const int64_t rounds_end = (ns + kChains - 1) / kChains * kChains;
-      for (int64_t s = ns; s < rounds_end; ++s) surv[s] = surv[ns - 1];
+      if (p == 0) kept += ns;
       // the survivors' terms, kChains interleaved chains per vector
-      V acc[kChains][NVG][C];
-      IV arg[kChains][NVG];
+      V acc[kChains][NV][C];
+      IV arg[kChains][NV];
       _Pragma("GCC unroll 4") for (int q = 0; q < kChains; ++q) {
-        _Pragma("GCC unroll 8") for (int v = 0; v < NVG; ++v) {
-          for (int c = 0; c < C; ++c) acc[q][v][c] = V{} + Op::template zero<T>(c);
-          arg[q][v] = IV{} - 1;
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+          for (int c = 0; c < C; ++c) acc[q][j][c] = V{} + Op::template zero<T>(c);
+          arg[q][j] = IV{} - 1;
         }
       }
-      for (int64_t s = 0; s < rounds_end; s += kChains) {
+      int64_t s = 0;
+      for (; s + kChains <= ns; s += kChains) {
         _Pragma("GCC unroll 4") for (int q = 0; q < kChains; ++q) {
           const int64_t k = surv[s + q];
-          _Pragma("GCC unroll 8") for (int v = 0; v < NVG; ++v) {
-            const V b = b_at(k, v);
-            if constexpr (ARG) argmax_update<Op>(acc[q][v][0], arg[q][v], row[k], b, IV{} + I(k));
-            else add_term(acc[q][v], row, Kv, k, b);
+          _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+            const V b = load<V>(bp + k * NR + j * L);
+            if constexpr (ARG) argmax_update<Op>(acc[q][j][0], arg[q][j], row[k], b, IV{} + I(k));
+            else add_term(acc[q][j], row, Kv, k, b);
           }
+        }
+      }
+      for (; s < ns; ++s) {  // the rest on chain 0 (constant indices: acc stays in registers; still increasing k)
+        const int64_t k = surv[s];
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
+          const V b = load<V>(bp + k * NR + j * L);
+          if constexpr (ARG) argmax_update<Op>(acc[0][j][0], arg[0][j], row[k], b, IV{} + I(k));
+          else add_term(acc[0][j], row, Kv, k, b);
         }
       }
       // ⊕ of the chains: the larger value (the pair's m: the smaller); equal values to the smaller k
       // (−1: nothing yet)
       _Pragma("GCC unroll 4") for (int q = 1; q < kChains; ++q) {
-        _Pragma("GCC unroll 8") for (int v = 0; v < NVG; ++v) {
+        _Pragma("GCC unroll 4") for (int j = 0; j < NV; ++j) {
           if constexpr (ARG) {
-            const auto take = (acc[q][v][0] > acc[0][v][0]) |
-                              ((acc[q][v][0] == acc[0][v][0]) & (arg[q][v] >= 0) &
-                               ((arg[0][v] < 0) | (arg[q][v] < arg[0][v])));
-            acc[0][v][0] = take ? acc[q][v][0] : acc[0][v][0];
-            arg[0][v] = take ? arg[q][v] : arg[0][v];
+            const auto take = (acc[q][j][0] > acc[0][j][0]) |
+                              ((acc[q][j][0] == acc[0][j][0]) & (arg[q][j] >= 0) &
+                               ((arg[0][j] < 0) | (arg[q][j] < arg[0][j])));
+            acc[0][j][0] = take ? acc[q][j][0] : acc[0][j][0];
+            arg[0][j] = take ? arg[q][j] : arg[0][j];
           } else {
-            acc[0][v][0] = max_keep(acc[0][v][0], acc[q][v][0]);
-            if constexpr (kPair) acc[0][v][1] = min_keep(acc[0][v][1], acc[q][v][1]);
+            acc[0][j][0] = max_keep(acc[0][j][0], acc[q][j][0]);
+            if constexpr (kPair) acc[0][j][1] = min_keep(acc[0][j][1], acc[q][j][1]);
           }
         }
       }
-      T* c = J.c + m * N + p0 * NR;
-      int32_t* ix = J.idx ? J.idx + m * N + p0 * NR : nullptr;
-      for (int v = 0; v < NVG; ++v)
-        for (int l = 0; l < L && v * L + l < nv; ++l) {
-          for (int q = 0; q < C; ++q) c[q * J.c_c + v * L + l] = acc[0][v][q][l];
-          if constexpr (ARG) ix[v * L + l] = int32_t(arg[0][v][l]);
+      T* c = J.c + m * N + p * NR;
+      int32_t* ix = J.idx ? J.idx + m * N + p * NR : nullptr;
+      for (int j = 0; j < NV; ++j)
+        for (int l = 0; l < L && j * L + l < nv; ++l) {
+          for (int q = 0; q < C; ++q) c[q * J.c_c + j * L + l] = acc[0][j][q][l];
+          if constexpr (ARG) ix[j * L + l] = int32_t(arg[0][j][l]);
         }
-    }
-  };
-  bool first = true;
-  for (int64_t p0 = 0; p0 < panels;) {
-    if (grouped && p0 + kGroup <= panels) {
-      run_group.template operator()<kGroup>(p0);
-      p0 += kGroup;
-    } else {
-      run_group.template operator()<1>(p0);
-      p0 += 1;
     }
     // Rows whose maxima spread too little for the bound: the blocked kernel
     // (which overwrites C) is faster than terms visited one row at a time.
-    if (first && p0 < panels && kept * kMaxKept[1] > M * K * kMaxKept[0]) return Pruned::kNotPaying;
-    first = false;
+    if (p == 0 && panels > 1 && kept * kPruneMaxKept[kPair][1] > M * K * kPruneMaxKept[kPair][0]) return Pruned::kNotPaying;
   }
   return Pruned::kDone;
 }

@@ -145,30 +145,6 @@ struct SetBitPositions {
 };
 inline constexpr SetBitPositions kSetBitPositions{};
 
-// append_lanes for a mask of at most 8 lanes (AVX2), the base already in every
-// lane of `base` (a scan adds its stride to it each step instead of
-// broadcasting a scalar): one table load, an add and a store (room for 8), no
-// test of a second byte. In the pruned GEMM rows' scan (run_pruned) the
-// append was most of the scan's cost, and the scan as much as the terms:
-// MiniLM-128's 36 viterbi products (real values, AVX2) 49.8 → 44.0 ms, in
-// separate runs of one panel per group. append_lanes' AVX2 case is one or two of these.
-using Lanes8 = VecOf<int32_t, 32>::type;
-template <class V>
-TS_TILE_FN int append_byte_lanes(int32_t* out, uint32_t h, Lanes8 base) {
-  static_assert(sizeof(V) == 32, "AVX2's 8-lane masks");
-#if defined(__x86_64__)
-  Lanes8 ids;
-  asm("vpmovzxbd %[p], %[ids]" : [ids] "=x"(ids) : [p] "m"(kSetBitPositions.of[h & 0xffu]));
-  ids += base;
-  std::memcpy(out, &ids, sizeof(ids));
-  return __builtin_popcount(h & 0xffu);
-#else
-  int n = 0;
-  for (h &= 0xffu; h; h &= h - 1) out[n++] = base[0] + __builtin_ctz(h);
-  return n;
-#endif
-}
-
 // Writes base + l for each set bit l of h (at most 16) to out, in increasing l;
 // returns how many. AVX-512: one compress and a store of all 16 lanes (out
 // needs room for 16), no branch per bit. AVX2: per byte of h, its bits'
@@ -185,8 +161,17 @@ TS_TILE_FN int append_lanes(int32_t* out, uint32_t h, int32_t base) {
     std::memcpy(out, &packed, sizeof(packed));
     return __builtin_popcount(h);
   } else if constexpr (sizeof(V) == 32) {
-    int n = append_byte_lanes<V>(out, h, Lanes8{} + base);
-    if (h >> 8) n += append_byte_lanes<V>(out + n, h >> 8, Lanes8{} + (base + 8));  // a caller's 16-bit mask
+    using I8 = VecOf<int32_t, 32>::type;
+    int n = 0;
+    for (int half = 0; half < 2; ++half) {  // (a second byte only in a caller's 16-bit mask)
+      const uint32_t byte = (h >> (8 * half)) & 0xffu;
+      if (half == 1 && byte == 0) break;
+      I8 ids;
+      asm("vpmovzxbd %[p], %[ids]" : [ids] "=x"(ids) : [p] "m"(kSetBitPositions.of[byte]));
+      ids += base + 8 * half;
+      std::memcpy(out + n, &ids, sizeof(ids));
+      n += __builtin_popcount(byte);
+    }
     return n;
   }
 #endif
