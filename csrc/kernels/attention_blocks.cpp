@@ -298,6 +298,7 @@ TS_TILE_FN V log_magnitude(V m) {
 // (the fused attention kernel's Y pass: ~9 % fewer per term).
 struct EntropyPair {
   static constexpr int kAcc = 2, kPer = 2;
+  static constexpr bool kLogPerTerm = true;  // row_products: 2 column blocks at a time on AVX2, not 4
   static constexpr bool kWinner = false;
   template <class T>
   TS_TILE_FN static T zero(int) { return T(0); }
@@ -389,12 +390,20 @@ TS_TILE_FN void lane_block(const T* s, const Src& src, int64_t K, int64_t ld, in
       _Pragma("GCC unroll 8") for (int c = 0; c < Op::kAcc; ++c) store(acc_out + c * ld + n0 + b * L, acc[b][c]);
 }
 
+// Ops whose term takes a logarithm (entropy's): its ~10 temporaries beside 4 blocks' accumulators, the
+// row's scalars and the weights overflow AVX2's 16 registers (GCC spilled ~40 % of the loop's vector
+// instructions to the stack), so there they take 2 blocks at a time.
+template <class Op, class = void>
+struct log_per_term : std::false_type {};
+template <class Op>
+struct log_per_term<Op, std::void_t<decltype(Op::kLogPerTerm)>> : std::bool_constant<Op::kLogPerTerm> {};
+
 // One row over columns [0, N) into acc planes of stride ld: lane blocks of
-// 4/2/1 vectors, then scalars. Returns false when a weight was not finite.
+// 4/2/1 vectors (2/2/1 for log_per_term ops on AVX2), then scalars. Returns false when a weight was not finite.
 template <class Op, bool ACC, bool CHECK, class T, class V, class Src>
 TS_TILE_FN bool row_products(const T* s, const Src& src, int64_t K, int64_t N, T* acc_out, int64_t ld) {
   constexpr int L = sizeof(V) / sizeof(T);
-  constexpr int wide = Op::kAcc <= 2 ? 4 : Op::kAcc <= 4 ? 2 : 1;
+  constexpr int wide = Op::kAcc <= 2 ? (sizeof(V) == 32 && log_per_term<Op>::value ? 2 : 4) : Op::kAcc <= 4 ? 2 : 1;
   V finite = splat<V>(T(0));
   T finite_tail = 0;
   int64_t n = 0;
