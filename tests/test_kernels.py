@@ -445,7 +445,10 @@ def _pruned_pair_case(kind, M, K, N, dtype, gen):
 
 
 def pruned_and_blocked(name, g, w, monkeypatch):
-    """kernel_matmul's product with the pruned GEMM rows on (the default), then off (TORCH_SEMIRING_GEMM_PRUNE=0)."""
+    """kernel_matmul's product with the pruned GEMM rows wherever they apply (TORCH_SEMIRING_GEMM_PRUNE=1:
+    also where the blocked kernel is the faster default, viterbi's and max_abs's below AVX-512), then
+    never (=0)."""
+    monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "1")
     pruned = _C.kernel_matmul(name, g, w)
     monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
     blocked = _C.kernel_matmul(name, g, w)
@@ -655,6 +658,8 @@ def test_pruned_rows_equal_the_blocked_kernel(name, kind, dtype, isa, monkeypatc
     gen = torch.Generator().manual_seed(7)
     for M, K, N in PRUNED_SHAPES:
         g, w = _pruned_case(name, kind, M, K, N, dtype, gen)
+        default = _C.kernel_matmul(name, g, w)  # pruned rows on AVX-512 only (cpu_gemm.cpp pruned_rows_pay)
+        monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "1")
         pruned = _C.kernel_max_matmul_argmax(name, g, w)
         plain = _C.kernel_matmul(name, g, w)
         monkeypatch.setenv("TORCH_SEMIRING_GEMM_PRUNE", "0")
@@ -665,6 +670,7 @@ def test_pruned_rows_equal_the_blocked_kernel(name, kind, dtype, isa, monkeypatc
         assert torch.equal(pruned[0], blocked[0]), what
         assert torch.equal(pruned[1], blocked[1]), what
         assert torch.equal(plain, blocked_plain), what
+        assert torch.equal(default, blocked_plain), what
         assert torch.equal(plain, blocked[0]), what
         # and the reference: the first maximal k
         terms = (g[0][..., None] + w.abs().log()) if name == "viterbi" else g[0][..., None] * w.abs()

@@ -579,10 +579,27 @@ constexpr bool prunable() {
          (std::is_base_of<MaxProdPair, Op>::value && !ARG);
 }
 
-// TORCH_SEMIRING_GEMM_PRUNE=0 turns the pruned rows off (tests compare both; read per product).
-bool prune_enabled() {
+// Where the pruned rows beat the blocked kernel, as measured: max_prod's pair (6 operations a term in the
+// blocked tile), kmax's lists of k >= 2 and the argmax products (their tiles hold half the rows) on every
+// ISA; the one-value products (viterbi, max_abs, kmax(1)) only with 512-bit vectors. On AVX2 (Zen 3, 1
+// thread, each linear layer's product with its real values, 2026-12-06) the blocked tile — 16 ymm, no
+// spill since 430a645 — is faster at every transformer shape measured: MiniLM-128's 36 products viterbi
+// 46.0 → 38.9 ms, max_abs 53.3 → 36.0 (torch.mm 32.5), BERT-base's 72: 406 → 326 and 399 → 274 (mm 274-292);
+// the portable ISA's pruned rows ran 3.4× its blocked kernel. The pruned rows' scan of every k per row and
+// panel costs more there than the ~80 % of the terms it skips. (The whole MiniLM-128 backward: viterbi
+// 2.79 → 2.61 × stock, max_abs 2.53 → 2.25, kmax(1) 3.47 → 3.23; kmax(4) 7.86 with them, 9.58 without;
+// max_prod 4.00 with, 4.75 without; top_paths(k=1) 226 with, 287 ms without.)
+template <class Op, class V, bool ARG>
+constexpr bool pruned_rows_pay() {
+  return ARG || Op::kComponents > 1 || sizeof(V) == 64;
+}
+
+// TORCH_SEMIRING_GEMM_PRUNE (read per product): unset, the pruned rows where they pay (pruned_rows_pay);
+// 0, never; 1, wherever they apply — so the tests compare them with the blocked kernel on every ISA.
+bool take_pruned_rows(bool pays) {
   const char* v = std::getenv("TORCH_SEMIRING_GEMM_PRUNE");
-  return !(v && std::strcmp(v, "0") == 0);
+  if (!v) return pays;
+  return std::strcmp(v, "0") != 0;
 }
 
 // The largest (Max) or smallest lane of v: halving shuffles down to 4 lanes, then those.
@@ -994,12 +1011,13 @@ TS_TILE_FN bool run_job(const Job<T>& J) {
 
   if constexpr (prunable<Op, ARG>()) {
     constexpr int kCopies = std::is_base_of<MaxProdPair, Op>::value ? 3 : 1;
-    if (K >= kPruneMinK && prune_enabled() && pruned_scratch_fits(M, K, kCopies * sizeof(T))) {
+    if (K >= kPruneMinK && take_pruned_rows(pruned_rows_pay<Op, V, ARG>()) &&
+        pruned_scratch_fits(M, K, kCopies * sizeof(T))) {
       const Pruned r = run_pruned<Op, T, V, NV, ARG>(J);
       if (r != Pruned::kNotPaying) return r == Pruned::kDone;
     }
   } else if constexpr (has_segments<Op>::value) {
-    if (K >= kPruneMinK && prune_enabled() && pruned_scratch_fits(M, K, C * sizeof(T))) {
+    if (K >= kPruneMinK && take_pruned_rows(pruned_rows_pay<Op, V, ARG>()) && pruned_scratch_fits(M, K, C * sizeof(T))) {
       const Pruned r = run_pruned_topk<Op, T, V, NV>(J);
       if (r != Pruned::kNotPaying) return r == Pruned::kDone;
     }
