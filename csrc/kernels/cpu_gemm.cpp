@@ -532,7 +532,8 @@ TS_TILE_FN void warm_fill(const Job<T>& J, const int32_t* picks, int64_t R, int6
 // ---- max-plus / max-times / max_prod with the k that cannot win skipped -------
 //
 // viterbi's and max_abs's products (and their argmax versions) and max_prod's
-// by rows: each row and panel of NR columns visits only the k that can reach
+// by rows, where they beat the blocked kernel (pruned_rows_pay: below AVX-512
+// viterbi's and max_abs's plain products take the blocked kernel): each row and panel of NR columns visits only the k that can reach
 // an output. An output's maximum is at least θ, the smallest over the panel's
 // columns of the row's candidates from its picks (the largest g[m, k] of each
 // residue class k mod L: real terms, so lower bounds); a k whose bound
@@ -556,7 +557,7 @@ TS_TILE_FN void warm_fill(const Job<T>& J, const int32_t* picks, int64_t R, int6
 // interleaved accumulators (one chain is bound by the max's latency), merged
 // as ⊕ with ties to the smaller k. Panels outer, rows inner, so a panel's B
 // stays in cache for all rows.
-// Measured: on MiniLM-64's viterbi backward 80 % of the k are skipped; with a
+// Measured (AVX-512, an Intel Xeon, 2026-11-27): on MiniLM-64's viterbi backward 80 % of the k are skipped; with a
 // cached weight, µs a product: 64×384×384 253 → 145, 64×1536×384 1039 → 385,
 // the decoder's 64×1376×512 1226 → 530 (a 12 × 32 tile's own bound, the
 // blocked kernel's granularity, skips only 5–35 %: its rows' maxima differ
@@ -581,7 +582,8 @@ constexpr bool prunable() {
 
 // Where the pruned rows beat the blocked kernel, as measured: max_prod's pair (6 operations a term in the
 // blocked tile), kmax's lists of k >= 2 and the argmax products (their tiles hold half the rows) on every
-// ISA; the one-value products (viterbi, max_abs, kmax(1)) only with 512-bit vectors. On AVX2 (Zen 3, 1
+// ISA; the one-value products (viterbi, max_abs, kmax(1)) only with 512-bit vectors (where they were measured
+// faster on an Intel Xeon, 2026-11-27: see run_pruned; no AVX-512 machine since to re-measure). On AVX2 (Zen 3, 1
 // thread, each linear layer's product with its real values, 2026-12-06) the blocked tile — 16 ymm, no
 // spill since 430a645 — is faster at every transformer shape measured: MiniLM-128's 36 products viterbi
 // 46.0 → 38.9 ms, max_abs 53.3 → 36.0 (torch.mm 32.5), BERT-base's 72: 406 → 326 and 399 → 274 (mm 274-292);
