@@ -87,7 +87,7 @@ def test_oplus(semiring, k, dtype, shapes, isa):
     assert_same(sr.oplus(a, b), general_path(sr.oplus, a, b), dtype, f"{semiring} ⊕ {shapes}")
 
 
-@pytest.mark.parametrize("semiring,k", [("entropy", 1), ("max_prod", 1), ("kmax", 3), ("abs", 1), ("count", 1)])
+@pytest.mark.parametrize("semiring,k", [("log", 1), ("entropy", 1), ("max_prod", 1), ("kmax", 3), ("abs", 1), ("count", 1)])
 def test_strided_and_expanded_operands(semiring, k):
     sr = _C.make_semiring(semiring, k)
     g = torch.Generator().manual_seed(3)
@@ -153,8 +153,8 @@ def test_device_kernel_otimes_edge(semiring, k, shapes, monkeypatch):
     assert_same(got, general_path(sr.otimes_edge, a, w), torch.float32, f"{semiring} ⊗ edge {shapes}")
 
 
-# ⊕ fused: entropy, max_prod, kmax (log's and viterbi's are one ATen op: logaddexp, maximum)
-FUSED_PAIR = [(n, k) for n, k in SEMIRINGS if n in ("entropy", "max_prod", "kmax")]
+# ⊕ fused: log, entropy, max_prod, kmax (viterbi's is one ATen op: maximum)
+FUSED_PAIR = [(n, k) for n, k in SEMIRINGS if n in ("log", "entropy", "max_prod", "kmax")]
 
 
 @pytest.mark.parametrize("semiring,k", FUSED_PAIR, ids=[f"{n}{k}" if n == "kmax" else n for n, k in FUSED_PAIR])

@@ -14,6 +14,7 @@ enum class Fused {
   MaxProdOps,   // max_prod's ⊗ edge and ⊕
   KMaxMerge,    // kmax's ⊕ (k ≤ 8)
   KMaxMergeIds, // the same on (score, id) pairs: kmax path tracking's ⊕ (2k components)
+  LogAddExp,    // log's ⊕ (one component)
 };
 
 }  // namespace torch_semiring::kernels

@@ -129,7 +129,7 @@ int fused_typed(L& launcher, int op, bool pair, int64_t components, int ndim, co
 template <class L>
 int fused(L& launcher, int op, bool pair, int64_t components, int dtype, int ndim, const int64_t* size, const void* a,
           int64_t a_c, const int64_t* a_s, const void* b, int64_t b_c, const int64_t* b_s, void* out) {
-  if (ndim < 0 || ndim > kFusedMaxDims || op < 0 || op > int(kernels::Fused::KMaxMergeIds)) return TS_CUDA_EBADARG;
+  if (ndim < 0 || ndim > kFusedMaxDims || op < 0 || op > int(kernels::Fused::LogAddExp)) return TS_CUDA_EBADARG;
   if (dtype == TS_DTYPE_F32) return fused_typed<float>(launcher, op, pair, components, ndim, size, a, a_c, a_s, b, b_c, b_s, out);
   if (dtype == TS_DTYPE_F64) return fused_typed<double>(launcher, op, pair, components, ndim, size, a, a_c, a_s, b, b_c, b_s, out);
   return TS_CUDA_EBADARG;

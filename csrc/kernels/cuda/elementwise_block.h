@@ -27,13 +27,17 @@ namespace cuda_kernels {
 
 namespace fused_arithmetic {
 using kernels::Fused;
-// fused_ops.inc's vector_log / vector_exp, one lane: the device's (or host's)
-// own logf / log and expf / exp.
+// fused_ops.inc's vector_log / vector_log_normal / vector_exp, one lane: the
+// device's (or host's) own logf / log and expf / exp.
 namespace vmath {
 template <class T, class V>
 TS_TILE_FN V vector_log(V x) {
   if constexpr (sizeof(T) == sizeof(float)) return ::logf(x);
   else return ::log(x);
+}
+template <class T, class V>
+TS_TILE_FN V vector_log_normal(V x) {
+  return vector_log<T, V>(x);
 }
 template <class T, class V>
 TS_TILE_FN V vector_exp(V x) {
