@@ -11,7 +11,8 @@
 //   vector_log_normal  positive normal finite lanes only (no special cases;
 //                0 gives a finite value) — the hot inner loop of norm_rows.
 //   log_by_table float lanes (8 or 16), positive normal finite only, by a
-//                16-entry table: 17 operations instead of 26 (below).
+//                16-entry (in 8 lanes an 8-entry) table: ~17 operations
+//                instead of 26 (below).
 // Accuracy is checked against torch.exp/torch.log over the whole range,
 // special values included (tests/test_elementwise.py).
 //
@@ -157,7 +158,7 @@ TS_VMATH_FN V vector_exp(V x) {
 }
 
 // log_by_table: log of positive normal float lanes (8 or 16 of them) by a
-// 16-entry table, for the per-pair and per-term logarithms of norm_rows' φ
+// 16-entry table (8 lanes: an 8-entry one, below), for the per-pair and per-term logarithms of norm_rows' φ
 // pass and the attention kernel's entropy (in the graph's precision):
 // z = 2^-k·a brought into [0.6875, 1.375) (the offset below), the 4 bits
 // after it pick a subinterval with centre c,
@@ -182,35 +183,42 @@ alignas(64) constexpr float kLogC[16] = {
     -0.18859118223190308f, -0.15154986083507538f, -0.11583182215690613f, -0.08134564012289047f,
     -0.04800916463136673f, 0.0f, 0.0f, 0.08961215615272522f,
     0.14518198370933533f, 0.19782572984695435f, 0.24783620238304138f, 0.2954642176628113f};
+// With 8 lanes (AVX2) a permute reaches 8 entries only (16 took two and a
+// blend per table): 8 subintervals, 1/16 wide below 1 and 1/8 above, the two
+// around 1 again with c = 1; |r| < 1/8, so the series goes on to r⁸
+// (truncation < r⁸/9 relative: 7e-9) — two more multiply-adds, four permutes
+// and blends fewer.
+alignas(32) constexpr float kLogInvC8[8] = {1.39130437374115f, 1.2799999713897705f, 1.185185194015503f,
+                                            1.1034482717514038f, 1.0f, 1.0f, 0.8421052694320679f,
+                                            0.761904776096344f};
+alignas(32) constexpr float kLogC8[8] = {-0.33024170994758606f, -0.2468600571155548f, -0.16989904642105103f,
+                                         -0.09844006597995758f, 0.0f, 0.0f, 0.17185024917125702f,
+                                         0.2719337046146393f};
 template <class V, class IV>
-TS_VMATH_FN V lookup16(const float* table, IV idx) {
-  constexpr int L = sizeof(V) / sizeof(float);
-  static_assert(L == 16 || L == 8, "a permute over 16 entries needs 8 or 16 lanes");
-  if constexpr (L == 16) {
-    V t;
-    std::memcpy(&t, table, sizeof(V));
-    return __builtin_shuffle(t, idx);
-  } else {
-    V lo, hi;
-    std::memcpy(&lo, table, sizeof(V));
-    std::memcpy(&hi, table + 8, sizeof(V));
-    return __builtin_shuffle(lo, hi, idx & 15);
-  }
+TS_VMATH_FN V lookup(const float* table, IV idx) {  // table[idx], one entry per lane: a single permute
+  V t;
+  std::memcpy(&t, table, sizeof(V));
+  return __builtin_shuffle(t, idx);
 }
 template <class V>
 TS_VMATH_FN V log_by_table(V a) {
   using IV = typename Vec<int32_t, sizeof(V)>::type;
+  constexpr int L = sizeof(V) / sizeof(float);
+  static_assert(L == 16 || L == 8, "a table per permute needs 8 or 16 float lanes");
+  const float* inv_c = L == 16 ? kLogInvC : kLogInvC8;
+  const float* log_c = L == 16 ? kLogC : kLogC8;
   const IV bits = (IV)a;
-  const IV shifted = bits - 0x3f300000;  // 0.6875: 1.0 starts subinterval 10
+  const IV shifted = bits - 0x3f300000;  // 0.6875: 1.0 starts subinterval 10 of 16 (5 of 8)
   const IV k = shifted >> 23;
   const V z = (V)(bits - (shifted & int32_t(0xff800000)));
-  const IV idx = (shifted >> 19) & 15;
-  const V r = z * lookup16<V>(kLogInvC, idx) - 1.0f;
+  const IV idx = (shifted >> (L == 16 ? 19 : 20)) & (L - 1);
+  const V r = z * lookup<V>(inv_c, idx) - 1.0f;
   const V r2 = r * r;
   const V c23 = -0.5f + r * (1.0f / 3), c45 = -0.25f + r * 0.2f;
-  const V series = r + r2 * (c23 + r2 * (c45 + r2 * (-1.0f / 6)));
+  const V tail = L == 16 ? V{} - 1.0f / 6 : (-1.0f / 6 + r * (1.0f / 7)) + r2 * -0.125f;  // from r⁶ on
+  const V series = r + r2 * (c23 + r2 * (c45 + r2 * tail));
   const V kf = __builtin_convertvector(k, V);
-  return kf * 0.693145751953125f + (lookup16<V>(kLogC, idx) + (series + kf * 1.4286068203094173e-06f));
+  return kf * 0.693145751953125f + (lookup<V>(log_c, idx) + (series + kf * 1.4286068203094173e-06f));
 }
 
 #undef TS_VMATH_FN
