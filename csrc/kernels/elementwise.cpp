@@ -31,6 +31,7 @@
 #include "kernels/cpu_gemm.h"  // kernel_isa
 #include "kernels/cpu_vectors.h"  // VecOf, for vector_math.h
 #include "kernels/device_gemm.h"  // fused_elementwise
+#include "kernels/tile_arithmetic.h"  // TS_UNROLL, for fused_ops.inc
 
 // How fused_ops.inc marks its functions here: always inlined into the loops.
 #define TS_FUSED_FN inline __attribute__((always_inline))
