@@ -220,6 +220,20 @@ def test_every_instruction_set_matches_reference(semiring, isa, monkeypatch):
     check(semiring, *attention_case(1, 1, 2, 3, 11, 9, mask="causal", seed=29))
 
 
+# Head dims of whole vectors (4 doubles, 8 floats) take J's register tile on
+# AVX2 (kernels/attention_blocks.cpp): 6 rows × 2 vectors, with tails of rows
+# (block rows·D not a multiple of 6) and of one-vector column panels (E = 4, 12);
+# blocks of few rows so that causal blocks stop at different keys. "portable"
+# takes at::mm.
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+@pytest.mark.parametrize("E", [4, 8, 12])
+@pytest.mark.parametrize("isa", ["avx2", "portable"])
+def test_whole_vector_head_dims_match_reference(semiring, E, isa, monkeypatch):
+    monkeypatch.setenv("TORCH_SEMIRING_KERNEL_ISA", isa)
+    monkeypatch.setenv("TORCH_SEMIRING_ATTENTION_BLOCK", "300")
+    check(semiring, *attention_case(1, 1, 2, 5, 7, E, mask="causal", seed=41))
+
+
 def test_kmax_beyond_the_loops_takes_the_semiring_matmul():
     outputs, inputs = attention_case(1, 1, 2, 3, 4, 2, mask="bool", seed=37)
     expected = reference_values(outputs, inputs, "kmax", k=10)
@@ -333,11 +347,13 @@ def test_product_semiring_equals_separate_runs(case):
 
 
 @pytest.mark.parametrize("semiring", ["viterbi", "max_abs", "log", "entropy", "max_prod", "kmax", "abs", "count"])
-@pytest.mark.parametrize("size", ["small", "wide"])
+@pytest.mark.parametrize("size", ["small", "wide", "vectors", "one_vector"])
 def test_float32_agrees_with_float64(semiring, size):
     # "wide": 65 keys and head dim 65, the float loops' widest lane blocks
     # (4 vectors of 16 floats) plus a tail, against the float64 loops.
-    shape = (1, 2, 2, 5, 6, 4) if size == "small" else (1, 1, 2, 3, 65, 65)
+    # "vectors": head dims of whole float vectors (8; 24 = two and one), J's register tile.
+    shape = {"small": (1, 2, 2, 5, 6, 4), "wide": (1, 1, 2, 3, 65, 65), "vectors": (1, 1, 2, 5, 9, 24),
+             "one_vector": (1, 2, 1, 5, 6, 8)}[size]
     params = {"k": 3} if semiring == "kmax" else {}
     results = []
     for dtype in (torch.float32, D):

@@ -887,6 +887,86 @@ struct RowProductsJob {
   }
 };
 
+// ---- J = W K by a register tile (AVX2) -------------------------------------------
+// A block's J (M = rows·D rows × E) = W (M × keys) · K (keys × E), both
+// row-major where the pass wrote them. at::mm (MKL's SGEMM) packs W for every
+// block before a product only E = 32 wide: 55 µs a block of 512 × 128 · 128 × 32
+// at 128 tokens, 576 blocks a MiniLM backward. This tile keeps 6 rows × 2
+// vectors of J in 12 accumulators, broadcasts W's entries from its rows and
+// loads K's rows as they lie (one FMA a multiply-add, no packing): 43 µs,
+// ~49 G multiply-adds/s, this core's FMA peak. Each J[m, e] is summed over the
+// keys in order. Taken where the kernels run AVX2 and E is a whole number of
+// vectors (head dims 32, 64, 128 …); elsewhere — AVX-512 hosts, where MKL's
+// wider kernels are not matched by this one, other E, other ISAs — at::mm.
+// Cost: M·keys·E multiply-adds, as the GEMM's.
+#if defined(__x86_64__)
+#define TS_J_TILE __attribute__((target("avx2,fma"), always_inline)) inline
+TS_J_TILE __m256 j_broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+TS_J_TILE __m256d j_broadcast(const double* p) { return _mm256_broadcast_sd(p); }
+TS_J_TILE __m256 j_load(const float* p) { return _mm256_loadu_ps(p); }
+TS_J_TILE __m256d j_load(const double* p) { return _mm256_loadu_pd(p); }
+TS_J_TILE void j_store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+TS_J_TILE void j_store(double* p, __m256d v) { _mm256_storeu_pd(p, v); }
+TS_J_TILE __m256 j_fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
+TS_J_TILE __m256d j_fma(__m256d a, __m256d b, __m256d c) { return _mm256_fmadd_pd(a, b, c); }
+
+// C[MR × NV vectors] = A[MR × K] · B[K × NV vectors]; A's rows K apart, B's and C's N apart.
+template <class T, int MR, int NV>
+TS_J_TILE void j_tile(const T* A, int64_t K, const T* B, int64_t N, T* C) {
+  using V = decltype(j_load(A));
+  constexpr int L = 32 / sizeof(T);
+  V acc[MR][NV];
+  TS_UNROLL(8) for (int r = 0; r < MR; ++r) TS_UNROLL(2) for (int c = 0; c < NV; ++c) acc[r][c] = V{};
+  TS_UNROLL(4) for (int64_t k = 0; k < K; ++k) {  // unrolled: the loop's own ops off the FMA stream
+    V b[NV];
+    TS_UNROLL(2) for (int c = 0; c < NV; ++c) b[c] = j_load(B + k * N + c * L);
+    TS_UNROLL(8) for (int r = 0; r < MR; ++r) {
+      const V a = j_broadcast(A + r * K + k);
+      TS_UNROLL(2) for (int c = 0; c < NV; ++c) acc[r][c] = j_fma(a, b[c], acc[r][c]);
+    }
+  }
+  TS_UNROLL(8) for (int r = 0; r < MR; ++r) TS_UNROLL(2) for (int c = 0; c < NV; ++c) j_store(C + r * N + c * L, acc[r][c]);
+}
+
+template <class T, int NV>
+TS_J_TILE void j_tile_rows(int64_t rows, const T* A, int64_t K, const T* B, int64_t N, T* C) {
+  switch (rows) {
+    case 6: return j_tile<T, 6, NV>(A, K, B, N, C);
+    case 5: return j_tile<T, 5, NV>(A, K, B, N, C);
+    case 4: return j_tile<T, 4, NV>(A, K, B, N, C);
+    case 3: return j_tile<T, 3, NV>(A, K, B, N, C);
+    case 2: return j_tile<T, 2, NV>(A, K, B, N, C);
+    default: return j_tile<T, 1, NV>(A, K, B, N, C);
+  }
+}
+
+// C (M × N) = A (M × K) · B (K × N), all contiguous, N a multiple of the vector.
+// By strips of 6 rows (W's strip stays in L1 for every panel of K's columns).
+template <class T>
+__attribute__((target("avx2,fma"))) void j_product_avx2(const T* A, int64_t M, int64_t K, const T* B, int64_t N,
+                                                        T* C) {
+  constexpr int L = 32 / sizeof(T), MR = 6;
+  for (int64_t m = 0; m < M; m += MR) {
+    const int64_t rows = std::min<int64_t>(MR, M - m);
+    for (int64_t n = 0; n < N; n += 2 * L) {
+      if (N - n >= 2 * L) j_tile_rows<T, 2>(rows, A + m * K, K, B + n, N, C + m * N + n);
+      else j_tile_rows<T, 1>(rows, A + m * K, K, B + n, N, C + m * N + n);
+    }
+  }
+}
+#undef TS_J_TILE
+#endif
+
+// Whether J's blocks take j_product_avx2 (decided once per node).
+template <class T>
+bool j_tile_applies(int64_t E) {
+#if defined(__x86_64__)
+  return kernel_isa() == "avx2" && E % (32 / int64_t(sizeof(T))) == 0;
+#else
+  return false;
+#endif
+}
+
 // ---- the fused blocks ------------------------------------------------------------
 
 template <class T>
@@ -923,6 +1003,7 @@ struct ValueBlocksJob {
     // them again (narrow, view, select) cost a few µs each.
     Tensor Wb, Jb, kb;
     int64_t view_rows = -1, view_keys = -1, view_bh = -1;
+    const bool j_tile = j_tile_applies<T>(E);
     for (int64_t bh = 0; bh < BH; ++bh)
       for (int64_t member = 0; member < group; ++member)
         for (int64_t t0 = 0; t0 < T_; t0 += block_rows) {
@@ -962,14 +1043,20 @@ struct ValueBlocksJob {
           }
           if (!need_q) continue;
           // J = W K for the block's rows: (rows·D × keys) @ (keys × E).
-          if (rows_here != view_rows || keys != view_keys) {
-            Wb = W.narrow(0, 0, rows_here * D * keys).view({rows_here * D, keys});
-            Jb = J.narrow(0, 0, rows_here * D * E).view({rows_here * D, E});
-            view_rows = rows_here;
+          if (j_tile) {
+#if defined(__x86_64__)
+            j_product_avx2<T>(Wp, rows_here * D, keys, k.data_ptr<T>() + bh * S * E, E, J.data_ptr<T>());
+#endif
+          } else {
+            if (rows_here != view_rows || keys != view_keys) {
+              Wb = W.narrow(0, 0, rows_here * D * keys).view({rows_here * D, keys});
+              Jb = J.narrow(0, 0, rows_here * D * E).view({rows_here * D, E});
+              view_rows = rows_here;
+            }
+            if (bh != view_bh || keys != view_keys) kb = k[bh].narrow(0, 0, keys), view_bh = bh;
+            view_keys = keys;
+            at::mm_out(Jb, Wb, kb);
           }
-          if (bh != view_bh || keys != view_keys) kb = k[bh].narrow(0, 0, keys), view_bh = bh;
-          view_keys = keys;
-          at::mm_out(Jb, Wb, kb);
           const T* Jp = J.data_ptr<T>();
           // Pass 2: Q's row products over the block's J.
           redo_q.clear();
@@ -988,7 +1075,7 @@ struct ValueBlocksJob {
           if (!redo_q.empty()) {  // while the block's J exists
             auto flat = long_tensor(redo_q, k);
             auto local = flat.div(E, "floor"), cols_e = flat.remainder(E);
-            auto Jv = Jb.view({rows_here, D, E});
+            auto Jv = J.narrow(0, 0, rows_here * D * E).view({rows_here, D, E});
             auto g_rows = g_tensor.select(1, bh).index_select(1, local + r0);  // (C, F, D)
             auto exact = exact_products(*sr, g_rows, Jv.index({local, at::indexing::Slice(), cols_e}));
             Q_tensor.select(1, bh).narrow(1, r0, rows_here).view({C, rows_here * E}).index_copy_(1, flat, exact);
