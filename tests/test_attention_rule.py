@@ -234,6 +234,27 @@ def test_whole_vector_head_dims_match_reference(semiring, E, isa, monkeypatch):
     check(semiring, *attention_case(1, 1, 2, 5, 7, E, mask="causal", seed=41))
 
 
+# Scores hundreds of nats apart: some softmax weights P are subnormal doubles and
+# some underflow to 0. The value edge's weight is P itself, so the rule's P
+# (kernels::exp_scaled_rows_, one pass per ISA) must give exactly the stock
+# backward's edges there. (The q and k edges of such a node multiply subnormal
+# P into products that underflow in one order and not another — the rule's
+# documented limit — so they are not compared.)
+@pytest.mark.parametrize("semiring", SEMIRING_NAMES)
+@pytest.mark.parametrize("isa", ["avx2", "portable"])
+def test_scores_far_apart_give_subnormal_weights(semiring, isa, monkeypatch):
+    monkeypatch.setenv("TORCH_SEMIRING_KERNEL_ISA", isa)
+    outputs, inputs = attention_case(1, 1, 1, 4, 9, 3, scale=170.0, seed=43)
+    q, k, v = inputs
+    P = torch.softmax(q.detach() @ k.detach().transpose(-1, -2) * 170.0, dim=-1)
+    tiny = torch.finfo(D).tiny
+    assert ((P > 0) & (P < tiny)).any() and (P == 0).any()  # the case covers both
+    params = {"k": 3} if semiring == "kmax" else {}
+    (expected,) = reference_values(outputs, [v], semiring, k=3)
+    (actual,) = ts.grad(outputs, [v], semiring=semiring, retain_graph=True, **params)
+    assert_values_equal(actual, expected, semiring, f"{semiring}/v")
+
+
 def test_kmax_beyond_the_loops_takes_the_semiring_matmul():
     outputs, inputs = attention_case(1, 1, 2, 3, 4, 2, mask="bool", seed=37)
     expected = reference_values(outputs, inputs, "kmax", k=10)

@@ -94,6 +94,18 @@ ShiftedRow pick_shifted_row() {
   return Single ? &portable::shifted_row_single<Log> : &portable::shifted_row<Log>;
 }
 
+template <class T>
+using ExpScaledRows = void (*)(T*, const T*, T, int64_t, int64_t);
+template <class T>
+ExpScaledRows<T> pick_exp_scaled_rows() {
+  const std::string isa = kernel_isa();
+#if defined(__x86_64__) || defined(__i386__)
+  if (isa == "avx512") return &avx512::exp_scaled_rows<T>;
+  if (isa == "avx2") return &avx2::exp_scaled_rows<T>;
+#endif
+  return &portable::exp_scaled_rows<T>;
+}
+
 bool applies(const std::vector<at::Tensor>& operands) {
   const auto dtype = operands[0].scalar_type();
   if (dtype != at::kFloat && dtype != at::kDouble) return false;
@@ -193,6 +205,19 @@ void exp_shifted(const double* a, double shift, double* out, int64_t n, bool in_
 }
 void log_shifted(const double* a, double shift, double* out, int64_t n, bool in_float) {
   (in_float ? pick_shifted_row<true, true>() : pick_shifted_row<true, false>())(a, shift, out, n);
+}
+
+bool exp_scaled_rows_(const at::Tensor& x, double scale, const at::Tensor& shift) {
+  const int64_t n = x.dim() > 0 ? x.size(-1) : 0;
+  if (n == 0 || shift.numel() * n != x.numel() || shift.scalar_type() != x.scalar_type() || !applies({x, shift}) ||
+      !x.is_contiguous() || !shift.is_contiguous())
+    return false;
+  const int64_t rows = shift.numel();
+  if (x.scalar_type() == at::kFloat)
+    pick_exp_scaled_rows<float>()(x.data_ptr<float>(), shift.data_ptr<float>(), float(scale), rows, n);
+  else
+    pick_exp_scaled_rows<double>()(x.data_ptr<double>(), shift.data_ptr<double>(), scale, rows, n);
+  return true;
 }
 
 at::Tensor kmax_reduce(const at::Tensor& a, at::IntArrayRef dims, int64_t k, bool with_ids) {

@@ -54,6 +54,15 @@ at::Tensor kmax_reduce(const at::Tensor& a, at::IntArrayRef dims, int64_t k, boo
 void exp_shifted(const double* a, double shift, double* out, int64_t n, bool in_float = false);
 void log_shifted(const double* a, double shift, double* out, int64_t n, bool in_float = false);
 
+// Softmax weights from scores, in place: x (*rows, n) := e^{x·scale − shift[row]}
+// for shift (*rows) — the fused attention rule's P from its scores and the saved
+// logsumexp, one pass instead of ATen's mul_, sub_ and exp_ (at 128 tokens and
+// 12 heads: ~300 µs a node, ~200 of them exp_). The product and the difference
+// are each rounded (as ATen's mul_ and sub_), exp by vmath (≤ 2 ulp, the
+// subnormals, −∞ → 0). false, x untouched, where it does not apply (as
+// fused_edge; also non-contiguous x or shift, or a shift not one per row).
+bool exp_scaled_rows_(const at::Tensor& x, double scale, const at::Tensor& shift);
+
 // Path tracking's id bookkeeping (provenance.h) on a value v (2E, *S) — E
 // scores, then E ids, exact integers (the engine checks they fit the dtype,
 // so every order of the arithmetic gives the same ids). One pass writing a

@@ -65,6 +65,7 @@
 #include <torch/csrc/autograd/generated/Functions.h>
 
 #include "kernels/attention_blocks.h"
+#include "kernels/elementwise.h"
 #include "rules/attention.h"
 #include "rule.h"
 
@@ -307,7 +308,11 @@ std::vector<Tensor> sdpa_rule(const RuleContext& ctx, const std::vector<Tensor>&
     const int64_t n = std::min(heads, BH - h0);
     auto part = [&](const Tensor& t, int64_t dim = 0) { return t.narrow(dim, h0, n); };
     // P (n, 1, R, S), as the stock backward recomputes it.
-    auto scores = at::matmul(part(qr), part(kh).transpose(-1, -2)).mul_(scale);
+    // P = exp(scores·scale − lse): without a mask the scale rides in the one
+    // fused pass (kernels::exp_scaled_rows_); a mask is applied to the scaled scores.
+    auto scores = at::matmul(part(qr), part(kh).transpose(-1, -2));
+    const bool masked = mask5.defined() || future.defined();
+    if (masked) scores.mul_(scale);
     const double ninf = -std::numeric_limits<double>::infinity();
     if (mask5.defined()) {
       std::vector<Tensor> entries;
@@ -316,7 +321,12 @@ std::vector<Tensor> sdpa_rule(const RuleContext& ctx, const std::vector<Tensor>&
       scores = m.scalar_type() == at::kBool ? scores.masked_fill_(m.logical_not(), ninf) : scores.add_(m.to(wtype));
     }
     if (future.defined()) scores.masked_fill_(future, ninf);
-    auto P = scores.sub_(as_weight(part(lser)).unsqueeze(-1)).exp_().to(vtype);
+    auto shift = as_weight(part(lser)).contiguous();
+    if (!kernels::exp_scaled_rows_(scores, masked ? 1.0 : scale, shift)) {
+      if (!masked) scores.mul_(scale);
+      scores.sub_(shift.unsqueeze(-1)).exp_();
+    }
+    auto P = scores.to(vtype);
     auto gc = part(g, 1);
 
     if (ctx.needs(2))  // v: ⊕ over the group's query rows of g ⊗ lift(P)
