@@ -33,11 +33,12 @@
 //
 // The fused driver (attention_value_blocks) runs, per key/value head and block
 // of query rows: one pass forming Δ on the fly for Y (then ⊗ lift(P), giving X)
-// while writing W = P·Δ, one GEMM J = W K (at::mm into a block buffer), one
-// pass of row products over J. A block's W is ~2^16 elements (L2); its rows'
-// prepared scalars (the a_k) serve both passes. Its weights are bounded up
-// front (max|v|, |out|, |P|, |k|), so its loops skip the per-term finiteness
-// check the stand-alone row products make.
+// while writing W = P·Δ, one product J = W K into a block buffer (the register
+// tile j_product_avx2 on AVX2, else at::mm), one pass of row products over J.
+// A block's W is ~2^16 elements (L2); its rows' prepared scalars (the a_k)
+// serve both passes. Its weights are bounded up front (max|v|, |out|, |P|,
+// |k|), so its loops skip the per-term finiteness check the stand-alone row
+// products make.
 #include "kernels/attention_blocks.h"
 
 // Vector types in template arguments trigger GCC's "ABI changed" notes; these
