@@ -180,13 +180,17 @@ def test_kernel_declines_bad_values_anywhere(name, dtype, isa):
     w = make_weights((300, 33), gen, dtype)
     assert _C.kernel_matmul(name, g, w) is not None
     sr = _C.make_semiring(name, components(name))
-    for (batch, m, k), (comp, bad) in itertools.product([(1, 37, 290), (0, 8, 100)], BAD_G[name]):
+    # k = 299: a row's tail after its whole vectors (float in 8 lanes)
+    for (batch, m, k), (comp, bad) in itertools.product([(1, 37, 290), (0, 8, 100), (1, 39, 299)], BAD_G[name]):
         b = g.clone()
         if name == "kmax" and comp == 0:
             b[:, batch, m, k] = bad  # the whole list, so that it stays descending
         else:
             b[comp, batch, m, k] = bad
         assert _C.kernel_matmul(name, b, w) is None, (comp, bad, m, k)
+        # the same values with g's matrix dims transposed in memory (the attention's Xᵀ)
+        bt = b.transpose(-1, -2).contiguous().transpose(-1, -2)
+        assert _C.kernel_matmul(name, bt, w) is None, ("transposed", comp, bad, m, k)
         out = sr.matmul(b, w)
         assert out.shape == (components(name), 2, 40, 33)
     # a non-finite weight in one entry of a batched w

@@ -83,27 +83,27 @@ Loop pick_loop(Fused op, bool pair, int64_t components) {
   return portable::pick<T>(op, pair, components);
 }
 
+// One of a kernel's three builds, by kernel_isa().
+template <class F>
+F by_isa([[maybe_unused]] F avx512, [[maybe_unused]] F avx2, F portable) {
+#if defined(__x86_64__) || defined(__i386__)
+  const std::string isa = kernel_isa();
+  if (isa == "avx512") return avx512;
+  if (isa == "avx2") return avx2;
+#endif
+  return portable;
+}
+#if defined(__x86_64__) || defined(__i386__)
+#define TS_BY_ISA(fn) by_isa(&avx512::fn, &avx2::fn, &portable::fn)
+#else
+#define TS_BY_ISA(fn) by_isa(&portable::fn, &portable::fn, &portable::fn)
+#endif
+
 using ShiftedRow = void (*)(const double*, double, double*, int64_t);
 template <bool Log, bool Single>
 ShiftedRow pick_shifted_row() {
-  const std::string isa = kernel_isa();
-#if defined(__x86_64__) || defined(__i386__)
-  if (isa == "avx512") return Single ? &avx512::shifted_row_single<Log> : &avx512::shifted_row<Log>;
-  if (isa == "avx2") return Single ? &avx2::shifted_row_single<Log> : &avx2::shifted_row<Log>;
-#endif
-  return Single ? &portable::shifted_row_single<Log> : &portable::shifted_row<Log>;
-}
-
-template <class T>
-using ExpScaledRows = void (*)(T*, const T*, T, int64_t, int64_t);
-template <class T>
-ExpScaledRows<T> pick_exp_scaled_rows() {
-  const std::string isa = kernel_isa();
-#if defined(__x86_64__) || defined(__i386__)
-  if (isa == "avx512") return &avx512::exp_scaled_rows<T>;
-  if (isa == "avx2") return &avx2::exp_scaled_rows<T>;
-#endif
-  return &portable::exp_scaled_rows<T>;
+  if constexpr (Single) return TS_BY_ISA(shifted_row_single<Log>);
+  else return TS_BY_ISA(shifted_row<Log>);
 }
 
 bool applies(const std::vector<at::Tensor>& operands) {
@@ -214,11 +214,32 @@ bool exp_scaled_rows_(const at::Tensor& x, double scale, const at::Tensor& shift
     return false;
   const int64_t rows = shift.numel();
   if (x.scalar_type() == at::kFloat)
-    pick_exp_scaled_rows<float>()(x.data_ptr<float>(), shift.data_ptr<float>(), float(scale), rows, n);
+    TS_BY_ISA(exp_scaled_rows<float>)(x.data_ptr<float>(), shift.data_ptr<float>(), float(scale), rows, n);
   else
-    pick_exp_scaled_rows<double>()(x.data_ptr<double>(), shift.data_ptr<double>(), scale, rows, n);
+    TS_BY_ISA(exp_scaled_rows<double>)(x.data_ptr<double>(), shift.data_ptr<double>(), scale, rows, n);
   return true;
 }
+
+template <class T>
+bool exp_shift_rows(const T* a, const T* h, const T* shift, int64_t shift_rows, T* p, T* ph, int64_t rows,
+                    int64_t n) {
+  return TS_BY_ISA(exp_shift_rows<T>)(a, h, shift, shift_rows, p, ph, rows, n);
+}
+template <class T>
+void log_add_shifts(T* z, const T* s, const T* t, int64_t t_rows, int64_t rows, int64_t n) {
+  TS_BY_ISA(log_add_shifts<T>)(z, s, t, t_rows, rows, n);
+}
+template <class T>
+void divide_columns_and_log(T* q, T* ql, const T* m, int64_t m_rows, int64_t rows, int64_t n) {
+  TS_BY_ISA(divide_columns_and_log<T>)(q, ql, m, m_rows, rows, n);
+}
+#define TS_ROW_PASSES(T)                                                                                  \
+  template bool exp_shift_rows<T>(const T*, const T*, const T*, int64_t, T*, T*, int64_t, int64_t);       \
+  template void log_add_shifts<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);                     \
+  template void divide_columns_and_log<T>(T*, T*, const T*, int64_t, int64_t, int64_t);
+TS_ROW_PASSES(float)
+TS_ROW_PASSES(double)
+#undef TS_ROW_PASSES
 
 at::Tensor kmax_reduce(const at::Tensor& a, at::IntArrayRef dims, int64_t k, bool with_ids) {
   if (k < 1 || !a.defined() || a.dim() < 1 || a.size(0) != (with_ids ? 2 * k : k) || !applies({a})) return {};

@@ -63,6 +63,26 @@ void log_shifted(const double* a, double shift, double* out, int64_t n, bool in_
 // fused_edge; also non-contiguous x or shift, or a shift not one per row).
 bool exp_scaled_rows_(const at::Tensor& x, double scale, const at::Tensor& shift);
 
+// The row passes of the log and entropy products (exp_shift_gemm.cpp), T
+// float or double, over `rows` rows of n contiguous entries, exp and log by
+// vmath (≤ 2 ulp, their special values); one pass each where ATen took 2–3
+// (a MiniLM-128 entropy backward: ~250 ATen passes). A per-column factor c of
+// row r is c[(r / per)·n + i] (one row of factors for each `per` rows).
+//   exp_shift_rows: p = e^{a − shift} and, where h is given, ph = p∘h; the
+//     shift of row r is shift[r] if shift_rows == 0, else per column
+//     (per = shift_rows: a transposed operand, whose rows' shifts run along
+//     memory). false where some p∘h is NaN or ±∞ (the rows are written).
+//   log_add_shifts: z := (s[r] + t_column) + log z (per = t_rows).
+//   divide_columns_and_log: q := q / m_column where m_column > 0, else 0
+//     (per = m_rows); where ql is given, ql := q·log(q as it was) where the
+//     new q > 0, else 0.
+template <class T>
+bool exp_shift_rows(const T* a, const T* h, const T* shift, int64_t shift_rows, T* p, T* ph, int64_t rows, int64_t n);
+template <class T>
+void log_add_shifts(T* z, const T* s, const T* t, int64_t t_rows, int64_t rows, int64_t n);
+template <class T>
+void divide_columns_and_log(T* q, T* ql, const T* m, int64_t m_rows, int64_t rows, int64_t n);
+
 // Path tracking's id bookkeeping (provenance.h) on a value v (2E, *S) — E
 // scores, then E ids, exact integers (the engine checks they fit the dtype,
 // so every order of the arithmetic gives the same ids). One pass writing a

@@ -44,17 +44,20 @@
 // or +∞ in ℓ shows up in s (a max over the row), in w in t (checked once per
 // weight version), a non-finite h in P∘h (P ∈ [0, 1], so P∘h is finite iff h
 // is). Any of them → the product declines to the generic path.
-// Cost per call with a cached weight: log 1 GEMM + 3 passes over M·K (max,
-// subtract, exp) + 3 over M·N (suspect count, log, shifts); entropy 3 GEMMs'
-// work in 2 calls + 5 passes over M·K + 4 over M·N. The M·N passes are
-// vectorised (TS_CPU_CLONES). Measured at 64 tokens (Llama shapes): log
-// ~1.2×, entropy ~3.0–3.4× an SGEMM of the same shape. Uncached (w an
-// activation), add 3 passes over K·N for the factors (|w|, its column
-// maxima, one fused pass; entropy + a log pass). A transposed g (the
+// Cost per call with a cached weight: log 1 GEMM + 2 passes over M·K (max;
+// P = e^{a − s}, one vectorised pass: exp_shift_rows) + 2 over M·N (suspect
+// count; log Z + s + t in one pass: log_add_shifts); entropy 3 GEMMs' work in
+// 2 calls + the same 2 passes over M·K (the second also writes P∘h and checks
+// it is finite) + 3 over M·N (+ h = (A − B)/Z). Measured at 64 tokens (Llama
+// shapes): log ~1.2×, entropy ~3.0–3.4× an SGEMM of the same shape.
+// Uncached (w an activation), add 3 passes over K·N for the factors (|w|, its
+// column maxima, one fused pass dividing and, for entropy, taking
+// Q∘log|w|: divide_columns_and_log). A transposed g (the
 // attention's Xᵀ) keeps its layout in P and P∘h, so their passes run along
 // memory and the GEMM reads them transposed.
 #include "kernels/cpu_gemm.h"
 #include "kernels/device_gemm.h"
+#include "kernels/elementwise.h"  // the row passes
 #include "kernels/lift_cache.h"
 
 #include <atomic>
@@ -184,42 +187,11 @@ template <class T>
 inline __attribute__((always_inline)) void divide_or_zero_impl(T* d, const T* z, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = z[i] > T(0) ? d[i] / z[i] : T(0);
 }
-// r := (s + t) + r.
-template <class T>
-inline __attribute__((always_inline)) void add_shifts_impl(T* r, T s, const T* t, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) r[i] = (s + t[i]) + r[i];
-}
-// No NaN or ±∞ among x[0..n).
-template <class T>
-inline __attribute__((always_inline)) bool all_finite_impl(const T* x, int64_t n) {
-  int bad = 0;
-  for (int64_t i = 0; i < n; ++i) bad |= !(std::abs(x[i]) < std::numeric_limits<T>::infinity());
-  return !bad;
-}
 
 TS_ELEMENTWISE int64_t count_below(const float* z, const float* t, int64_t n) { return count_below_impl(z, t, n); }
 TS_ELEMENTWISE int64_t count_below(const double* z, const double* t, int64_t n) { return count_below_impl(z, t, n); }
 TS_ELEMENTWISE void divide_or_zero(float* d, const float* z, int64_t n) { divide_or_zero_impl(d, z, n); }
 TS_ELEMENTWISE void divide_or_zero(double* d, const double* z, int64_t n) { divide_or_zero_impl(d, z, n); }
-TS_ELEMENTWISE void add_shifts(float* r, float s, const float* t, int64_t n) { add_shifts_impl(r, s, t, n); }
-TS_ELEMENTWISE void add_shifts(double* r, double s, const double* t, int64_t n) { add_shifts_impl(r, s, t, n); }
-TS_ELEMENTWISE bool all_finite(const float* x, int64_t n) { return all_finite_impl(x, n); }
-TS_ELEMENTWISE bool all_finite(const double* x, int64_t n) { return all_finite_impl(x, n); }
-
-// q := q / m where m > 0, else 0 (a column without edges): Q from |w|.
-template <class T>
-inline __attribute__((always_inline)) void divide_columns_impl(T* q, const T* m, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) q[i] = m[i] > T(0) ? q[i] / m[i] : T(0);
-}
-// l := q·l where q > 0, else 0 (0·(−∞) where there is no edge): QL from log|w|.
-template <class T>
-inline __attribute__((always_inline)) void times_log_impl(T* l, const T* q, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) l[i] = q[i] > T(0) ? q[i] * l[i] : T(0);
-}
-TS_ELEMENTWISE void divide_columns(float* q, const float* m, int64_t n) { divide_columns_impl(q, m, n); }
-TS_ELEMENTWISE void divide_columns(double* q, const double* m, int64_t n) { divide_columns_impl(q, m, n); }
-TS_ELEMENTWISE void times_log(float* l, const float* q, int64_t n) { times_log_impl(l, q, n); }
-TS_ELEMENTWISE void times_log(double* l, const double* q, int64_t n) { times_log_impl(l, q, n); }
 
 #undef TS_ELEMENTWISE
 #pragma GCC pop_options
@@ -249,19 +221,11 @@ Prepared weight_factors(const Tensor& w, bool entropy) {
   auto t = m.log();
   auto threshold = at::full_like(t, double(w.size(-2)) * tiny * 4 / eps).masked_fill_(m.eq(0), -kInf);
   t.clamp_min_(lowest);
-  Tensor QL;
-  if (entropy) QL = Q.log();  // log|w|, made Q∘log|w| below
-  const int64_t K = w.size(-2), N = w.size(-1), entries = Q.numel() / std::max<int64_t>(K * N, 1);
+  Tensor QL = entropy ? at::empty_like(Q) : Tensor();
+  const int64_t K = w.size(-2), N = w.size(-1);
   AT_DISPATCH_FLOATING_TYPES(w.scalar_type(), "exp_shift weight factors", [&] {
-    scalar_t* q = Q.data_ptr<scalar_t>();
-    scalar_t* ql = entropy ? QL.data_ptr<scalar_t>() : nullptr;
-    const scalar_t* mp = m.data_ptr<scalar_t>();
-    for (int64_t b = 0; b < entries; ++b)
-      for (int64_t k = 0; k < K; ++k) {
-        const int64_t row = (b * K + k) * N;
-        divide_columns(q + row, mp + b * N, N);
-        if (entropy) times_log(ql + row, q + row, N);
-      }
+    divide_columns_and_log<scalar_t>(Q.data_ptr<scalar_t>(), entropy ? QL.data_ptr<scalar_t>() : nullptr,
+                                     m.data_ptr<scalar_t>(), K, Q.numel() / std::max<int64_t>(N, 1), N);
   });
   if (!entropy) return {t, threshold, Q};
   return {t, threshold, Q, QL};
@@ -304,26 +268,38 @@ Tensor exp_shift_product(const Tensor& a, const Tensor& h, const Tensor& w, cons
   std::vector<char> row_live;
   if (!clamp_row_shifts<T>(s, row_live)) return {};
 
+  // P = e^{a − s} and, for entropy, P∘h, stacked like the output's (ℓ, h)
+  // (see below), in one pass (exp_shift_rows) in a's memory order: a
+  // transposed a (the attention's k edge: g = Xᵀ) gets a transposed PS, so
+  // the pass runs along memory, not across it (5× slower), and the GEMM reads
+  // PS transposed (MKL's transA, no copy). Any other layout (a broadcast
+  // batch) is made contiguous first.
+  Tensor ac = a, hc = h;
+  bool transposed = a.dim() >= 2 && a.stride(-1) != 1 && a.stride(-2) == 1;
+  if (!(transposed ? a.transpose(-1, -2).is_contiguous() : a.is_contiguous()) ||
+      (entropy && h.strides() != a.strides())) {
+    ac = a.contiguous(), hc = entropy ? h.contiguous() : h, transposed = false;
+  }
+  auto shape = a.sizes().vec();
+  shape.insert(shape.begin(), entropy ? 2 : 1);
+  if (transposed) std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
+  auto PS = transposed ? at::empty(shape, opts).transpose(-1, -2) : at::empty(shape, opts);
+  auto P = PS.select(0, 0), Ph = entropy ? PS.select(0, 1) : Tensor();
+  const int64_t along = transposed ? M : K;  // a row in memory
+  // P ∈ [0, 1]: P∘h is finite iff h is.
+  if (!exp_shift_rows<T>(ac.data_ptr<T>(), entropy ? hc.data_ptr<T>() : nullptr, s.data_ptr<T>(),
+                         transposed ? K : 0, P.data_ptr<T>(), entropy ? Ph.data_ptr<T>() : nullptr,
+                         a.numel() / std::max<int64_t>(along, 1), along))
+    return {};
+
   auto out = at::empty(out_shape, opts);
   auto l = out.select(0, 0);
   const Tensor& Q = factors[2];
   Tensor D;
   if (entropy) {
-    // [P; P∘h] stacked like the output's (ℓ, h): one GEMM call gives Z and
-    // A = (P∘h)·Q (for a 2-D w a single (2·M × K)·(K × N) product, Q packed
-    // once), then A −= P·(Q∘log|w|) accumulates in place.
-    auto shape = a.sizes().vec();
-    shape.insert(shape.begin(), 2);
-    // In a's layout: a transposed a (the attention's k edge: g = Xᵀ) gets a
-    // transposed PS, so the passes below run along memory, not across it
-    // (5× slower), and the GEMM reads PS transposed (MKL's transA, no copy).
-    const bool transposed = a.dim() >= 2 && a.stride(-1) != 1 && a.stride(-2) == 1;
-    if (transposed) std::swap(shape[shape.size() - 1], shape[shape.size() - 2]);
-    auto PS = transposed ? at::empty(shape, opts).transpose(-1, -2) : at::empty(shape, opts);
-    auto P = PS.select(0, 0), Ph = PS.select(0, 1);
-    at::sub_out(P, a, s).exp_();
-    at::mul_out(Ph, P, h);
-    if (!all_finite(Ph.data_ptr<T>(), Ph.numel())) return {};  // P ∈ [0, 1]: P∘h is finite iff h is
+    // [P; P∘h]: one GEMM call gives Z and A = (P∘h)·Q (for a 2-D w a single
+    // (2·M × K)·(K × N) product, Q packed once), then A −= P·(Q∘log|w|)
+    // accumulates in place.
     D = out.select(0, 1);
     if (Q.dim() == 2 && !transposed) {
       at::matmul_out(out, PS, Q);
@@ -339,7 +315,7 @@ Tensor exp_shift_product(const Tensor& a, const Tensor& h, const Tensor& w, cons
       D.sub_(at::matmul(P, QL));
     }
   } else {
-    at::matmul_out(l, at::sub(a, s).exp_(), Q);
+    at::matmul_out(l, P, Q);
   }
 
   // Row by row over the flat (B, M, N) output; the per-column factors
@@ -372,8 +348,7 @@ Tensor exp_shift_product(const Tensor& a, const Tensor& h, const Tensor& w, cons
       for (int64_t n = 0; n < N; ++n) mask[r * N + n] = zr[n] < tr[n];
     }
   }
-  l.log_();
-  for (int64_t r = 0; r < rows; ++r) add_shifts(z + r * N, sp[r], tp + r / M * N, N);
+  log_add_shifts<T>(z, sp, tp, M, rows, N);
 
   if (n_suspect == 0) return out;
   // Stages 2 and 3 need log|w| itself (and the operands broadcast).
