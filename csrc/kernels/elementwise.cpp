@@ -226,8 +226,8 @@ bool exp_shift_rows(const T* a, const T* h, const T* shift, int64_t shift_rows, 
   return TS_BY_ISA(exp_shift_rows<T>)(a, h, shift, shift_rows, p, ph, rows, n);
 }
 template <class T>
-void log_add_shifts(T* z, const T* s, const T* t, int64_t t_rows, int64_t rows, int64_t n) {
-  TS_BY_ISA(log_add_shifts<T>)(z, s, t, t_rows, rows, n);
+void log_add_shifts(T* z, T* d, const T* s, const T* t, int64_t t_rows, int64_t rows, int64_t n) {
+  TS_BY_ISA(log_add_shifts<T>)(z, d, s, t, t_rows, rows, n);
 }
 template <class T>
 void divide_columns_and_log(T* q, T* ql, const T* m, int64_t m_rows, int64_t rows, int64_t n) {
@@ -235,7 +235,7 @@ void divide_columns_and_log(T* q, T* ql, const T* m, int64_t m_rows, int64_t row
 }
 #define TS_ROW_PASSES(T)                                                                                  \
   template bool exp_shift_rows<T>(const T*, const T*, const T*, int64_t, T*, T*, int64_t, int64_t);       \
-  template void log_add_shifts<T>(T*, const T*, const T*, int64_t, int64_t, int64_t);                     \
+  template void log_add_shifts<T>(T*, T*, const T*, const T*, int64_t, int64_t, int64_t);                  \
   template void divide_columns_and_log<T>(T*, T*, const T*, int64_t, int64_t, int64_t);
 TS_ROW_PASSES(float)
 TS_ROW_PASSES(double)

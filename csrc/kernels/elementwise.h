@@ -72,14 +72,15 @@ bool exp_scaled_rows_(const at::Tensor& x, double scale, const at::Tensor& shift
 //     shift of row r is shift[r] if shift_rows == 0, else per column
 //     (per = shift_rows: a transposed operand, whose rows' shifts run along
 //     memory). false where some p∘h is NaN or ±∞ (the rows are written).
-//   log_add_shifts: z := (s[r] + t_column) + log z (per = t_rows).
+//   log_add_shifts: where d is given, d := d / z where z > 0, else 0 (the
+//     entropy's h = (A − B)/Z); then z := (s[r] + t_column) + log z (per = t_rows).
 //   divide_columns_and_log: q := q / m_column where m_column > 0, else 0
 //     (per = m_rows); where ql is given, ql := q·log(q as it was) where the
 //     new q > 0, else 0.
 template <class T>
 bool exp_shift_rows(const T* a, const T* h, const T* shift, int64_t shift_rows, T* p, T* ph, int64_t rows, int64_t n);
 template <class T>
-void log_add_shifts(T* z, const T* s, const T* t, int64_t t_rows, int64_t rows, int64_t n);
+void log_add_shifts(T* z, T* d, const T* s, const T* t, int64_t t_rows, int64_t rows, int64_t n);
 template <class T>
 void divide_columns_and_log(T* q, T* ql, const T* m, int64_t m_rows, int64_t rows, int64_t n);
 

@@ -48,7 +48,7 @@
 // P = e^{a − s}, one vectorised pass: exp_shift_rows) + 2 over M·N (suspect
 // count; log Z + s + t in one pass: log_add_shifts); entropy 3 GEMMs' work in
 // 2 calls + the same 2 passes over M·K (the second also writes P∘h and checks
-// it is finite) + 3 over M·N (+ h = (A − B)/Z). Measured at 64 tokens (Llama
+// it is finite) + the same 2 over M·N (the second also makes h = (A − B)/Z). Measured at 64 tokens (Llama
 // shapes): log ~1.2×, entropy ~3.0–3.4× an SGEMM of the same shape.
 // Uncached (w an activation), add 3 passes over K·N for the factors (|w|, its
 // column maxima, one fused pass dividing and, for entropy, taking
@@ -167,10 +167,12 @@ void recompute_exact(const Tensor& a, const Tensor& h, const Tensor& lw, const T
 
 // ---- stage 1 ----------------------------------------------------------------
 
-// The element-wise passes of stage 1 over rows of the output, compiled with
-// -O3 and cloned for AVX-512 / AVX2 / baseline (picked at load time) so that
-// they vectorise: the build's -O2 would leave them scalar, and a scalar
-// division per output entry costs ~10 % of the product's GEMM.
+// The suspect count of stage 1 over rows of the output, compiled with -O3
+// and cloned for AVX-512 / AVX2 / baseline (picked at load time) so that it
+// vectorises: the build's -O2 would leave it scalar. (h's division, written
+// here the same way, stayed scalar — GCC does not vectorise a division under
+// a condition — and took ~1 % of a MiniLM-128 entropy backward in perf: it
+// now rides in log_add_shifts' vector pass.)
 #pragma GCC push_options
 #pragma GCC optimize("O3")
 #define TS_ELEMENTWISE TS_CPU_CLONES
@@ -182,16 +184,9 @@ inline __attribute__((always_inline)) int64_t count_below_impl(const T* z, const
   for (int64_t i = 0; i < n; ++i) count += z[i] < threshold[i];
   return count;
 }
-// d := d / z where z > 0, else 0 (no term: h = 0).
-template <class T>
-inline __attribute__((always_inline)) void divide_or_zero_impl(T* d, const T* z, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) d[i] = z[i] > T(0) ? d[i] / z[i] : T(0);
-}
 
 TS_ELEMENTWISE int64_t count_below(const float* z, const float* t, int64_t n) { return count_below_impl(z, t, n); }
 TS_ELEMENTWISE int64_t count_below(const double* z, const double* t, int64_t n) { return count_below_impl(z, t, n); }
-TS_ELEMENTWISE void divide_or_zero(float* d, const float* z, int64_t n) { divide_or_zero_impl(d, z, n); }
-TS_ELEMENTWISE void divide_or_zero(double* d, const double* z, int64_t n) { divide_or_zero_impl(d, z, n); }
 
 #undef TS_ELEMENTWISE
 #pragma GCC pop_options
@@ -335,7 +330,6 @@ Tensor exp_shift_product(const Tensor& a, const Tensor& h, const Tensor& w, cons
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t column_row = r / M * N;  // the batch entry's column factors
     if (row_live[r]) n_suspect += count_below(z + r * N, thr + column_row, N);
-    if (entropy) divide_or_zero(d + r * N, z + r * N, N);
   }
   Tensor suspect;
   if (n_suspect > 0) {  // where, before Z becomes log Z
@@ -348,7 +342,7 @@ Tensor exp_shift_product(const Tensor& a, const Tensor& h, const Tensor& w, cons
       for (int64_t n = 0; n < N; ++n) mask[r * N + n] = zr[n] < tr[n];
     }
   }
-  log_add_shifts<T>(z, sp, tp, M, rows, N);
+  log_add_shifts<T>(z, d, sp, tp, M, rows, N);  // and h = (A − B)/Z
 
   if (n_suspect == 0) return out;
   // Stages 2 and 3 need log|w| itself (and the operands broadcast).
