@@ -1139,12 +1139,14 @@ bool attention_value_blocks(const Semiring& sr, const Tensor& g, const Tensor& v
     const double lo = low.item<double>(), hi = high.item<double>();
     return std::isnan(lo) ? lo : std::max(-lo, hi);
   };
-  const double W_max = (peak(v) + peak(out)) * std::max(1.0, peak(P));
-  if (!(std::isfinite(W_max) && W_max * std::max(1.0, double(S) * peak(k)) < 0.25 * largest)) return false;
-  auto gc = g.contiguous();
+  // The bounds read the contiguous operands the loops need anyway: aminmax
+  // copies a strided input first (v and out arrive as views of the heads).
   auto vT = v.transpose(-1, -2).contiguous();
   auto oc = out.contiguous(), Pc = P.contiguous();
   auto kc = k.reshape({BH, S, E}).contiguous();
+  const double W_max = (peak(vT) + peak(oc)) * std::max(1.0, peak(Pc));
+  if (!(std::isfinite(W_max) && W_max * std::max(1.0, double(S) * peak(kc)) < 0.25 * largest)) return false;
+  auto gc = g.contiguous();
   if (need_x) X = at::empty({C, B, Hkv, R, S}, g.options());
   if (need_q) Q = at::empty({C, B, Hkv, R, E}, g.options());
   const int64_t block_rows = std::max<int64_t>(1, std::min<int64_t>(T, block_elements / (D * S)));

@@ -294,16 +294,22 @@ std::vector<Tensor> sdpa_rule(const RuleContext& ctx, const std::vector<Tensor>&
   Tensor future;
   if (saved.causal) future = at::ones({T, S}, q.options().dtype(at::kBool)).triu(1).repeat({group, 1});
 
-  // Results by the same entries: q (C, B, H, T, E) = (C, B·Hkv, R, E); k, v (C, B·Hkv, S, ·).
-  Tensor q_value, k_value, v_value;
-  if (ctx.needs(0)) q_value = at::empty({C, BH, R, E}, g_in.options());
-  if (ctx.needs(1)) k_value = at::empty({C, BH, S, E}, g_in.options());
-  if (ctx.needs(2)) v_value = at::empty({C, BH, S, D}, g_in.options());
-
   // A few heads at a time: P and the per-head blocks (R·S elements a head,
   // C-fold for the values) of one chunk are all that is alive, instead of
   // every head's at once — at 512 tokens 12 heads' P alone are 12 MiB.
   const int64_t heads = std::max<int64_t>(1, chunk_elements(device_blocks(g_in)) / std::max<int64_t>(R * S, 1));
+
+  // Results by the same entries: q (C, B, H, T, E) = (C, B·Hkv, R, E); k, v (C, B·Hkv, S, ·).
+  // One chunk of every head: a contiguous result is kept as it is, not copied.
+  Tensor q_value, k_value, v_value;
+  auto place = [&](Tensor& value, const Tensor& chunk_result, int64_t h0, int64_t n, int64_t rows, int64_t cols) {
+    if (n == BH && chunk_result.is_contiguous()) {
+      value = chunk_result.view({C, BH, rows, cols});
+      return;
+    }
+    if (!value.defined()) value = at::empty({C, BH, rows, cols}, g_in.options());
+    value.narrow(1, h0, n).copy_(chunk_result);
+  };
   for (int64_t h0 = 0; h0 < BH; h0 += heads) {
     const int64_t n = std::min(heads, BH - h0);
     auto part = [&](const Tensor& t, int64_t dim = 0) { return t.narrow(dim, h0, n); };
@@ -330,7 +336,7 @@ std::vector<Tensor> sdpa_rule(const RuleContext& ctx, const std::vector<Tensor>&
     auto gc = part(g, 1);
 
     if (ctx.needs(2))  // v: ⊕ over the group's query rows of g ⊗ lift(P)
-      part(v_value, 1).copy_(sr.matmul(gc.transpose(-1, -2), P).transpose(-1, -2).squeeze(2));
+      place(v_value, sr.matmul(gc.transpose(-1, -2), P).transpose(-1, -2).squeeze(2), h0, n, S, D);
     if (!ctx.needs(0) && !ctx.needs(1)) continue;
 
     // The q edge's J = W K uses the keys minus the first key (see the header: Σ_s W = 0).
@@ -340,9 +346,9 @@ std::vector<Tensor> sdpa_rule(const RuleContext& ctx, const std::vector<Tensor>&
     if (device_blocks(g_in) || !kernels::attention_value_blocks(sr, x.g, x.v, x.out, x.P, x.k, T, x.causal,
                                                                  ctx.needs(1), ctx.needs(0), block_elements(), X, Q))
       value_blocks_by_parts(sr, x, ctx.needs(1), ctx.needs(0), X, Q);
-    if (ctx.needs(0)) part(q_value, 1).copy_(Q.squeeze(2));
+    if (ctx.needs(0)) place(q_value, Q.squeeze(2), h0, n, R, E);
     if (ctx.needs(1))  // k: ⊕ over the group's query rows of X ⊗ lift(scale·q)
-      part(k_value, 1).copy_(sr.matmul(X.transpose(-1, -2), (part(qr) * scale).to(vtype)).squeeze(2));
+      place(k_value, sr.matmul(X.transpose(-1, -2), (part(qr) * scale).to(vtype)).squeeze(2), h0, n, S, E);
   }
   if (ctx.needs(0)) result[0] = q_value.reshape({C, B, H, T, E});
   if (ctx.needs(1)) result[1] = k_value.reshape({C, B, Hkv, S, E});
