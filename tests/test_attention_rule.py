@@ -385,6 +385,35 @@ def test_float32_agrees_with_float64(semiring, size):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, equal_nan=True)
 
 
+@pytest.mark.parametrize("isa", ["avx2", "portable"])
+def test_float32_entropy_with_subnormal_differences(isa, monkeypatch):
+    # Value columns at ~2^-140 (subnormal in float32): their Δ = v − out, and
+    # the rows of J they feed, are subnormal, and the float32 loops take the
+    # per-term log of such a |w| at the smallest normal float (log_magnitude).
+    # Their terms are ≤ FLT_MIN/e off, far below a rounding of the result:
+    # float32 gives float64's values of the same inputs.
+    if isa == "avx2" and _C.kernel_isa() == "portable":
+        pytest.skip("this CPU has no avx2")
+    monkeypatch.setenv("TORCH_SEMIRING_KERNEL_ISA", isa)
+    gen = torch.Generator().manual_seed(23)
+    q = torch.randn(1, 2, 6, 24, generator=gen)  # two query heads on one key/value head
+    k = torch.randn(1, 1, 17, 24, generator=gen)
+    v = torch.randn(1, 1, 17, 24, generator=gen)
+    v[..., :3] *= 2.0 ** -140
+    tiny = torch.finfo(torch.float32).tiny
+    assert ((v[..., :3].abs() < tiny) & (v[..., :3] != 0)).all()
+    weights = torch.randn(1, 2, 6, 24, generator=gen, dtype=D)
+    results = []
+    for dtype in (torch.float32, D):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        out = F.scaled_dot_product_attention(*leaves, enable_gqa=True)
+        assert out.grad_fn.name() == NODE
+        results.append(ts.grad([(out * weights.to(dtype)).reshape(-1)], leaves, semiring="entropy"))
+    for name, a, b in zip("qkv", *results):
+        assert a.dtype == torch.float32 and torch.isfinite(a).all(), name
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=name)
+
+
 # ---- CUDA's fused attention nodes, standing in on the CPU ----------------------------
 # Their rules are adapters over the saved fields into the same rule; the
 # stand-in nodes (_C.attention_node_standin) hold what CUDA's forward saves,

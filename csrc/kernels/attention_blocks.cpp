@@ -279,15 +279,21 @@ struct SignedPair {
     MaxProdPair::update(acc, s, w == 0 ? splat<V>(std::numeric_limits<T>::quiet_NaN()) : w);
   }
 };
-// log m for m > 0 finite (0 gives a finite value: callers mask it). Float
-// vectors of 8 or 16 lanes by vmath::log_by_table (17 operations instead of
-// log_of's ~28: entropy takes one per term), subnormals scaled by 2^24 first.
+// log m for m ≥ 0 finite, as entropy's terms m·(s1 − s0·log m) need it (0
+// gives a finite value: the term is 0·finite = 0). Float vectors of 8 or 16
+// lanes by vmath::log_by_table (17 operations instead of log_of's ~28: entropy
+// takes one per term) of max(m, FLT_MIN): a subnormal m's log is taken at the
+// smallest normal. Its term then errs by s0·m·log(FLT_MIN/m) ≤ FLT_MIN/e
+// (s0 = a ≤ 1; m·log(c/m) peaks at m = c/e), so h = R/Z errs by at most
+// 0.19·ε·(subnormal terms)/K wherever Z clears the threshold (2·FLT_MIN·K/ε,
+// see `threshold`; below it the result is recomputed exactly) — under one
+// rounding of h. One vmaxps where scaling the subnormals took five operations
+// of the term's ~28.
 template <class V, class T>
 TS_TILE_FN V log_magnitude(V m) {
   if constexpr (std::is_same<T, float>::value && !std::is_same<V, T>::value && (sizeof(V) == 64 || sizeof(V) == 32)) {
-    const auto tiny = m < std::numeric_limits<float>::min();
-    const V l = vmath::log_by_table(tiny ? m * 16777216.0f : m);
-    return tiny ? l - 16.635532333438687f : l;  // − 24·log 2
+    const float smallest = std::numeric_limits<float>::min();
+    return vmath::log_by_table(m < smallest ? splat<V>(smallest) : m);
   } else {
     return log_of<V, T>(m);
   }
