@@ -209,13 +209,30 @@ def batch_norm_training():
     return F.batch_norm(x, None, None, w, b, training=True).pow(2), [x, w, b], None
 
 
+def zero_meets_infinite_derivative():
+    # sqrt'(0) = inf behind the unselected branch of torch.where: the value arriving there is the zero
+    # (no path), and no path in means none out (semiring/zero_edges.h) — where IEEE's 0 * inf would be
+    # NaN (and is, in the reference DP, which keeps IEEE here). The selected sqrt at 4 and a NaN
+    # derivative on a real path (sqrt of -1: NaN, as in stock) beside it.
+    z = torch.tensor([0.0, 4.0, -1.0, 9.0], dtype=D, requires_grad=True)
+    out = torch.where(torch.tensor([False, True, True, False]), z.sqrt(), 1.0 - z)
+    return out, [z], None
+
+
+def backward_returns_its_grad():
+    # add with alpha: the backward returns its incoming grad itself for one input (an alias of the
+    # value) and a scaled copy for the other; both inputs also reach the output along a second edge.
+    x, y = seeded_leaf(5, seed=31), seeded_leaf(5, seed=32)
+    return torch.add(x, y, alpha=-2.5) * x + y.exp(), [x, y], None
+
+
 CASES = [
     convolutions, convolutions_3d_and_transposed, batch_norm_training, resampling,
     in_place_writes,
     softmaxes, layer_norms, attention_fused, embedding_and_losses,
     pointwise_broadcast, pointwise_zoo, mul_operands, add_operands, parallel_edges, reductions, layout, slices_selects_cats, contractions,
     selections,
-    mlp3, attention_by_hand, nonleaf_and_edges, grad_outputs_given,
+    mlp3, attention_by_hand, nonleaf_and_edges, grad_outputs_given, backward_returns_its_grad,
 ] + [c for c in REFERENCE_CASES if c.__name__ != "custom_function"]
 
 
@@ -286,3 +303,42 @@ def test_cudnn_batch_norm_node_runs_the_native_rule(semiring, training):
     actual = ts.grad((standin * probe).sum(), [x, w, b], semiring=semiring, **params)
     for name, a, e in zip(("input", "weight", "bias"), actual, expected):
         assert_values_equal(a, e, semiring, f"cudnn batch norm/{semiring}/{name}")
+
+
+@pytest.mark.parametrize("semiring", ["abs", "max_abs"])
+def test_magnitude_semirings_run_the_pointwise_backward_on_the_value(semiring):
+    # abs and max_abs scale magnitudes (a ⊗ w = a·|w|): a pointwise rule runs the node's backward on the
+    # value itself — no tensor of ones is built — and takes |·|; log builds the ones and ⊗-s them.
+    x = torch.randn(4, 6, dtype=D, requires_grad=True)
+    out = F.gelu(x) * 1.5
+
+    def ones_in_gelu_rule(name):
+        with torch.profiler.profile() as prof:
+            ts.grad(out, x, semiring=name, retain_graph=True)
+        events = prof.events()
+        ranges = [e for e in events if e.name.startswith("ts::") and "GeluBackward0" in e.name]
+        assert len(ranges) == 1, [e.name for e in events if e.name.startswith("ts::")]
+        r = ranges[0].time_range
+        return any(e.name == "aten::ones" and r.start <= e.time_range.start and e.time_range.end <= r.end
+                   for e in events)
+
+    assert not ones_in_gelu_rule(semiring)
+    assert ones_in_gelu_rule("log")
+    actual = ts.grad(out, x, semiring=semiring, retain_graph=True)[0]
+    assert_values_equal(actual, reference_values(out, [x], semiring)[0], semiring)
+
+
+@pytest.mark.parametrize("semiring", ["abs", "max_abs"])
+@pytest.mark.parametrize("case", [zero_meets_infinite_derivative, backward_returns_its_grad, pointwise_zoo,
+                                  pointwise_broadcast], ids=lambda c: c.__name__)
+def test_magnitude_pointwise_path_equals_the_general_one(case, semiring):
+    # In a product semiring the abs / max_abs part takes the general pointwise rule (backward of ones,
+    # then ⊗); alone it takes the backward of its value: the same numbers, NaN where NaN.
+    outputs, inputs, grad_outputs = case()
+    alone = ts.grad(outputs, inputs, grad_outputs, semiring=semiring, allow_unused=True, retain_graph=True)
+    in_product = ts.grad(outputs, inputs, grad_outputs, semiring=(semiring, "log"), allow_unused=True)[0]
+    for a, b in zip(alone, in_product):
+        torch.testing.assert_close(a, b, rtol=1e-13, atol=0, equal_nan=True)
+    if case is zero_meets_infinite_derivative:  # no path in at sqrt(0): none out; NaN on the real path
+        expected = torch.tensor([1.0, 0.25, float("nan"), 1.0], dtype=D)
+        torch.testing.assert_close(alone[0], expected, rtol=0, atol=0, equal_nan=True)

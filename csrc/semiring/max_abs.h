@@ -17,6 +17,7 @@ class MaxAbsSemiring final : public Semiring {
   bool selects() const override { return true; }
   bool zero_is_numeric_zero() const override { return true; }
   std::vector<bool> infinite_split_components() const override { return {true}; }
+  bool edge_scales_magnitude() const override { return true; }
   Tensor readout(const Tensor& v) const override { return v.select(0, 0); }
   // The max-times GEMM kernel where it applies (float/double CPU, finite inputs).
   Tensor matmul(const Tensor& g, const Tensor& w) const override {

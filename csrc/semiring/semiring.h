@@ -43,6 +43,11 @@ class Semiring {
   // so no rule ever sees one. (An infinite local derivative, sqrt at 0,
   // meeting a zero value is NaN as in stock.)
   virtual std::vector<bool> infinite_split_components() const { return {}; }
+  // True when a ⊗ lift(w) = a·|w| for every value a rule meets: one
+  // component in [0, ∞) (+∞ split off, above) with 0 annihilating (abs,
+  // max_abs). Element-wise rules then run the node's backward on the value
+  // itself and take |·| (rules/families.cpp: diagonal_by_scaled_backward).
+  virtual bool edge_scales_magnitude() const { return false; }
   // The dtype a value travels in along an edge into a tensor of `tensor_dtype`:
   // the tensor's (as a gradient would) for real and for float32/float64, at
   // least float32 for bf16/fp16 tensors in every other semiring — log-space
