@@ -385,6 +385,29 @@ def test_float32_agrees_with_float64(semiring, size):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, equal_nan=True)
 
 
+@pytest.mark.parametrize("semiring", ["abs", "entropy", "viterbi", "count"])
+@pytest.mark.parametrize("S,E", [(13, 12), (32, 16), (5, 3)])
+def test_heads_as_views_of_projections_match_float64(semiring, S, E):
+    # q, k, v as a model makes them: (B, tokens, H, E) projections transposed to (B, H, tokens, E),
+    # so a value row lies H·E apart from the next key's. The float32 loops read v transposed by
+    # 8 × 8 tiles with tails in both dims (kernels::keys_along_rows); float64 takes ATen's copy.
+    gen = torch.Generator().manual_seed(S * 100 + E)
+    B, H, T = 2, 3, 7
+    base = [torch.randn(B, T if i == 0 else S, H, E, generator=gen, dtype=D) for i in range(3)]
+    weights = torch.randn(B, H, T, E, generator=gen, dtype=D)
+
+    def run(dtype):
+        leaves = [b.to(dtype).requires_grad_() for b in base]
+        q, k, v = (t.transpose(1, 2) for t in leaves)
+        assert v.stride(2) == H * E
+        out = F.scaled_dot_product_attention(q, k, v)
+        assert out.grad_fn.name() == NODE
+        return ts.grad((out * weights.to(dtype)).sum(), leaves, semiring=semiring)
+
+    for a, b in zip(run(torch.float32), run(D)):
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("isa", ["avx2", "portable"])
 def test_float32_entropy_with_subnormal_differences(isa, monkeypatch):
     # Value columns at ~2^-140 (subnormal in float32): their Δ = v − out, and

@@ -329,6 +329,27 @@ def test_magnitude_semirings_run_the_pointwise_backward_on_the_value(semiring):
 
 
 @pytest.mark.parametrize("semiring", ["abs", "max_abs"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_magnitude_pointwise_masks_zero_values_in_vectors_and_tail(semiring, dtype):
+    # The magnitude path's |·| and its NaN check run in one vector pass with a scalar tail
+    # (kernels::abs_in_place_may_hold_nan): sqrt'(0) = inf behind torch.where's unselected branch at
+    # a vector lane (3) and in the tail (18 of 19) is masked to the zero (no path), leaving the
+    # other branch's |−1|; elsewhere the sqrt branch's 1/(2√z) alone.
+    n = 19
+    z = torch.linspace(1.0, 5.0, n, dtype=dtype)
+    z[3] = z[18] = 0.0
+    z.requires_grad_()
+    take_sqrt = torch.ones(n, dtype=torch.bool)
+    take_sqrt[3] = take_sqrt[18] = False
+    out = torch.where(take_sqrt, z.sqrt(), 1.0 - z)
+    (got,) = ts.grad(out, [z], semiring=semiring)
+    expected = 0.5 / z.detach().sqrt()
+    expected[3] = expected[18] = 1.0
+    assert not torch.isnan(got).any()
+    torch.testing.assert_close(got, expected, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("semiring", ["abs", "max_abs"])
 @pytest.mark.parametrize("case", [zero_meets_infinite_derivative, backward_returns_its_grad, pointwise_zoo,
                                   pointwise_broadcast], ids=lambda c: c.__name__)
 def test_magnitude_pointwise_path_equals_the_general_one(case, semiring):

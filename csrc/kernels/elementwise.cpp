@@ -220,6 +220,15 @@ bool exp_scaled_rows_(const at::Tensor& x, double scale, const at::Tensor& shift
   return true;
 }
 
+bool abs_in_place_may_hold_nan(const at::Tensor& t) {
+  if (!applies({t}) || !t.is_contiguous()) {
+    t.abs_();
+    return !t.device().is_cpu() || std::isnan(t.sum().item<double>());  // (a device tensor is not read back)
+  }
+  if (t.scalar_type() == at::kFloat) return TS_BY_ISA(abs_finding_nan<float>)(t.data_ptr<float>(), t.numel());
+  return TS_BY_ISA(abs_finding_nan<double>)(t.data_ptr<double>(), t.numel());
+}
+
 template <class T>
 bool exp_shift_rows(const T* a, const T* h, const T* shift, int64_t shift_rows, T* p, T* ph, int64_t rows,
                     int64_t n) {

@@ -63,6 +63,11 @@ void log_shifted(const double* a, double shift, double* out, int64_t n, bool in_
 // fused_edge; also non-contiguous x or shift, or a shift not one per row).
 bool exp_scaled_rows_(const at::Tensor& x, double scale, const at::Tensor& shift);
 
+// t := |t| in place; false only where it checked that no entry is NaN (CPU
+// float/double, contiguous: one pass, where abs_ and a sum took two — on a
+// MiniLM-128 GELU node ~90 µs); a device tensor is not read back (true).
+bool abs_in_place_may_hold_nan(const at::Tensor& t);
+
 // The row passes of the log and entropy products (exp_shift_gemm.cpp), T
 // float or double, over `rows` rows of n contiguous entries, exp and log by
 // vmath (≤ 2 ulp, their special values); one pass each where ATen took 2–3

@@ -1058,26 +1058,54 @@ inline __attribute__((always_inline)) double row_max_impl(const double* v, int64
 }
 TS_CPU_CLONES double row_max(const double* v, int64_t n) { return row_max_impl<false>(v, n); }
 TS_CPU_CLONES double row_max_abs(const double* v, int64_t n) { return row_max_impl<true>(v, n); }
-TS_CPU_CLONES bool all_finite(const double* v, int64_t n) {
+template <class T>
+inline __attribute__((always_inline)) bool all_finite_impl(const T* v, int64_t n) {
   int ok = 1;
-  for (int64_t i = 0; i < n; ++i) ok &= int(std::abs(v[i]) < kInf);  // false for ±∞ and NaN
+  for (int64_t i = 0; i < n; ++i) ok &= int(std::abs(v[i]) < std::numeric_limits<T>::infinity());  // ±∞, NaN fail
   return ok != 0;
 }
-TS_CPU_CLONES bool all_below_inf(const double* v, int64_t n) {
+template <class T>
+inline __attribute__((always_inline)) bool all_below_inf_impl(const T* v, int64_t n) {
   int ok = 1;
-  for (int64_t i = 0; i < n; ++i) ok &= int(v[i] < kInf);
+  for (int64_t i = 0; i < n; ++i) ok &= int(v[i] < std::numeric_limits<T>::infinity());
   return ok != 0;
 }
-TS_CPU_CLONES bool all_non_negative(const double* v, int64_t n) {
+template <class T>
+inline __attribute__((always_inline)) bool all_non_negative_impl(const T* v, int64_t n) {
   int ok = 1;
-  for (int64_t i = 0; i < n; ++i) ok &= int(v[i] >= 0.0);
+  for (int64_t i = 0; i < n; ++i) ok &= int(v[i] >= T(0));
   return ok != 0;
 }
-TS_CPU_CLONES bool all_numbers(const double* v, int64_t n) {
+template <class T>
+inline __attribute__((always_inline)) bool all_numbers_impl(const T* v, int64_t n) {
   int ok = 1;
   for (int64_t i = 0; i < n; ++i) ok &= int(v[i] == v[i]);
   return ok != 0;
 }
+TS_CPU_CLONES bool all_finite(const double* v, int64_t n) { return all_finite_impl(v, n); }
+TS_CPU_CLONES bool all_finite(const float* v, int64_t n) { return all_finite_impl(v, n); }
+TS_CPU_CLONES bool all_below_inf(const double* v, int64_t n) { return all_below_inf_impl(v, n); }
+TS_CPU_CLONES bool all_below_inf(const float* v, int64_t n) { return all_below_inf_impl(v, n); }
+TS_CPU_CLONES bool all_non_negative(const double* v, int64_t n) { return all_non_negative_impl(v, n); }
+TS_CPU_CLONES bool all_non_negative(const float* v, int64_t n) { return all_non_negative_impl(v, n); }
+TS_CPU_CLONES bool all_numbers(const double* v, int64_t n) { return all_numbers_impl(v, n); }
+TS_CPU_CLONES bool all_numbers(const float* v, int64_t n) { return all_numbers_impl(v, n); }
+// A sum row's weights with +∞ (a count or Z beyond the dtype's range) set
+// aside: finite[i] = w[i], 0 where w[i] = +∞; whether any was. Branch-free,
+// in vectors (it was a scalar loop with a push_back per +∞); the caller lists
+// the infinite ones only if there are any.
+template <class T>
+inline __attribute__((always_inline)) bool finite_weights_impl(const T* w, T* finite, int64_t n) {
+  constexpr T inf = std::numeric_limits<T>::infinity();
+  int any = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    any |= int(w[i] == inf);
+    finite[i] = w[i] == inf ? T(0) : w[i];
+  }
+  return any != 0;
+}
+TS_CPU_CLONES bool finite_weights(const double* w, double* finite, int64_t n) { return finite_weights_impl(w, finite, n); }
+TS_CPU_CLONES bool finite_weights(const float* w, float* finite, int64_t n) { return finite_weights_impl(w, finite, n); }
 // max_prod's rows of (M, m) for the row kernels: NaN where no path (M = −∞: the
 // empty (−∞, +∞)); false where some path product is infinite (the caller
 // leaves the tensor to the generic arithmetic). Branch-free, in vectors.
@@ -1108,11 +1136,12 @@ bool prune_rows() {
 constexpr int64_t kPrunedMaxMinRow = 64;
 
 // One row through the direct pair pass in the graph's precision (single:
-// float lanes): x and the weights as the rows hold them (float64), out in float64.
-// starts (optional, as doubles): each row's first partner j, for PairPass's kStarts.
-template <class Terms>
-void direct_row(bool single, const double* x, const double* const* w, double* const* out, int64_t n,
-                const double* starts = nullptr) {
+// float lanes): x, the weights and out as the rows hold them (float64, or the
+// graph's dtype where over_rows hands them over in it), copied into padded rows.
+// starts (optional, as the rows' type): each row's first partner j, for PairPass's kStarts.
+template <class Terms, class In>
+void direct_row(bool single, const In* x, const In* const* w, In* const* out, int64_t n,
+                const In* starts = nullptr) {
   constexpr int S = Terms::S;
   auto run = [&](auto tag) {
     using T = decltype(tag);
@@ -2219,7 +2248,8 @@ double flush_for_direct(std::vector<double>& A, int64_t n, bool single) {
 
 // What an input may hold for the kernels to reproduce the generic arithmetic.
 enum class Holds { Finite, LogValues /* no NaN, no +∞ */, Sums /* ≥ 0, +∞ allowed */, AnyButNaN };
-bool all_hold(Holds what, const double* v, int64_t n) {
+template <class T>
+bool all_hold(Holds what, const T* v, int64_t n) {
   switch (what) {
     case Holds::Finite: return all_finite(v, n);
     case Holds::LogValues: return all_below_inf(v, n);  // false for NaN
@@ -2231,10 +2261,16 @@ bool all_hold(Holds what, const double* v, int64_t n) {
 // Runs body(r, in, out) over the rows of the (R, N) inputs: each row read in
 // its dtype (float32 or float64; all inputs one dtype, CPU) into float64
 // buffers and checked (`what[k]` for input k), each output row written back in
-// that dtype. Any input value outside what it may hold, or any other misfit,
-// makes the whole call decline: it returns no tensors (the caller takes the
-// generic path). No pass over the data besides the rows themselves.
-template <class Body>
+// that dtype. kInDtype: the rows are handed over in their own dtype instead,
+// in place (no buffers: body reads the inputs' rows and writes the outputs'
+// directly), for a body that works in the graph's precision — the float pair
+// pass, which the float64 round trip (four conversions a row) slowed: abs's
+// float rows of 384, 6.9 → 6.5 µs with finite_weights (benchmarks/norm_rows.py,
+// 2026-12-07); body must then take either element type. Any input
+// value outside what it may hold, or any other misfit, makes the whole call
+// decline: it returns no tensors (the caller takes the generic path). No pass
+// over the data besides the rows themselves.
+template <bool kInDtype = false, class Body>
 std::vector<at::Tensor> over_rows(const std::vector<at::Tensor>& ins, const std::vector<Holds>& what, int nout,
                                   Body body) {
   const auto& first = ins[0];
@@ -2251,29 +2287,39 @@ std::vector<at::Tensor> over_rows(const std::vector<at::Tensor>& ins, const std:
   std::atomic<bool> declined{false};
   auto run = [&](auto tag) {
     using T = decltype(tag);
+    using Row = std::conditional_t<kInDtype, T, double>;  // what body sees
+    constexpr bool kCopies = !std::is_same_v<Row, T>;
     std::vector<const T*> pin;
     std::vector<T*> pout;
     for (auto& t : in) pin.push_back(t.template data_ptr<T>());
     for (auto& t : out) pout.push_back(t.template data_ptr<T>());
     at::parallel_for(0, R, 1, [&](int64_t r0, int64_t r1) {
-      std::vector<std::vector<double>> rows(in.size(), std::vector<double>(n)), res(nout, std::vector<double>(n));
-      std::vector<const double*> rin(in.size());
-      std::vector<double*> rout(nout);
-      for (size_t k = 0; k < in.size(); ++k) rin[k] = rows[k].data();
-      for (int k = 0; k < nout; ++k) rout[k] = res[k].data();
+      const int64_t buffered = kCopies ? n : 0;
+      std::vector<std::vector<Row>> rows(in.size(), std::vector<Row>(buffered)), res(nout, std::vector<Row>(buffered));
+      std::vector<const Row*> rin(in.size());
+      std::vector<Row*> rout(nout);
       for (int64_t r = r0; r < r1 && !declined.load(std::memory_order_relaxed); ++r) {
         bool ok = true;
         for (size_t k = 0; k < in.size(); ++k) {
-          double* dst = rows[k].data();
-          convert_row(pin[k] + r * n, dst, n);
-          ok = ok && all_hold(what[k], dst, n);
+          if constexpr (kCopies) {
+            convert_row(pin[k] + r * n, rows[k].data(), n);
+            rin[k] = rows[k].data();
+          } else {
+            rin[k] = pin[k] + r * n;
+          }
+          ok = ok && all_hold(what[k], rin[k], n);
         }
         if (!ok) {
           declined.store(true, std::memory_order_relaxed);
           return;
         }
+        for (int k = 0; k < nout; ++k) {
+          if constexpr (kCopies) rout[k] = res[k].data();
+          else rout[k] = pout[k] + r * n;
+        }
         body(r, rin.data(), rout.data());
-        for (int k = 0; k < nout; ++k) convert_row(res[k].data(), pout[k] + r * n, n);
+        if constexpr (kCopies)
+          for (int k = 0; k < nout; ++k) convert_row(res[k].data(), pout[k] + r * n, n);
       }
     });
   };
@@ -2290,32 +2336,41 @@ at::Tensor sum_rows(const at::Tensor& w_in, const at::Tensor& x_in, bool nonzero
   // from such an i makes the sum +∞; the rest is the sum of the finite ones.
   const int64_t n = x_in.dim() == 2 ? x_in.size(1) : 0;
   const bool single = x_in.scalar_type() == at::kFloat;  // the direct pass in the graph's precision
-  auto out = over_rows({w_in, x_in}, {Holds::Sums, Holds::Finite}, 1, [&, n](int64_t, const double* const* in,
-                                                                             double* const* o) {
-    thread_local SumRow<1> row;
-    thread_local std::vector<double> finite_w;
+  const bool by_totals = nonzero && single && !scheme_forced();
+  const bool direct = !by_totals && direct_pays(n, kDirectSums(single));
+  // Rows in float64 (Row = double), or, for the direct pass, in the graph's dtype.
+  auto body = [&, n](int64_t, const auto* const* in, auto* const* o) {
+    using Row = std::remove_pointer_t<std::remove_reference_t<decltype(*o)>>;
+    thread_local std::vector<Row> finite_w;
     thread_local std::vector<int64_t> infinite;
-    const double *wr = in[0], *xr = in[1];
+    const Row *wr = in[0], *xr = in[1];
     finite_w.resize(n), infinite.clear();
-    for (int64_t i = 0; i < n; ++i) {
-      finite_w[i] = wr[i] == kInf ? 0.0 : wr[i];
-      if (wr[i] == kInf) infinite.push_back(i);
+    if (finite_weights(wr, finite_w.data(), n))
+      for (int64_t i = 0; i < n; ++i)
+        if (wr[i] == std::numeric_limits<Row>::infinity()) infinite.push_back(i);
+    const Row* wv[] = {finite_w.data()};
+    if (direct && nonzero) direct_row<NonzeroTerm>(single, xr, wv, o, n);
+    else if (direct) direct_row<AbsTerm>(single, xr, wv, o, n);
+    else if constexpr (std::is_same_v<Row, double>) {
+      thread_local SumRow<1> row;
+      if (by_totals) count_by_totals(xr, finite_w.data(), o[0], n);
+      else row.run(xr, n, wv, o, nonzero);
     }
-    const double* wv[] = {finite_w.data()};
-    if (nonzero && single && !scheme_forced()) count_by_totals(xr, finite_w.data(), o[0], n);
-    else if (!direct_pays(n, kDirectSums(single))) row.run(xr, n, wv, o, nonzero);
-    else if (nonzero) direct_row<NonzeroTerm>(single, xr, wv, o, n);
-    else direct_row<AbsTerm>(single, xr, wv, o, n);
     // Each j needs one existing edge from an infinite i: the first one found
     // settles it (1 + x_i x_j = 0 is rare), so this is O(n) per row even when
-    // every w is +∞ (counts of a deep model overflow float32 early).
+    // every w is +∞ (counts of a deep model overflow float32 early). In float64,
+    // as the pass's one_plus_exact rounds: 0 only where x_i·x_j = −1 exactly.
     for (int64_t j = 0; j < n && !infinite.empty(); ++j)
       for (int64_t i : infinite)
-        if (i != j && one_plus(xr[i], xr[j]) != 0) {
-          o[0][j] = kInf;
+        if (i != j && one_plus(double(xr[i]), double(xr[j])) != 0) {
+          o[0][j] = std::numeric_limits<Row>::infinity();
           break;
         }
-  });
+  };
+  // (body's rows in the graph's dtype only ever take the direct pass)
+  const std::vector<Holds> what{Holds::Sums, Holds::Finite};
+  auto out = direct ? over_rows</*kInDtype=*/true>({w_in, x_in}, what, 1, body)
+                    : over_rows({w_in, x_in}, what, 1, body);
   return out.empty() ? at::Tensor() : out[0];
 }
 

@@ -336,12 +336,12 @@ std::vector<Tensor> sdpa_rule(const RuleContext& ctx, const std::vector<Tensor>&
     auto gc = part(g, 1);
 
     if (ctx.needs(2))  // v: ⊕ over the group's query rows of g ⊗ lift(P)
-      place(v_value, sr.matmul(gc.transpose(-1, -2), P).transpose(-1, -2).squeeze(2), h0, n, S, D);
+      place(v_value, sr.matmul_nonnegative(gc.transpose(-1, -2), P).transpose(-1, -2).squeeze(2), h0, n, S, D);
     if (!ctx.needs(0) && !ctx.needs(1)) continue;
 
     // The q edge's J = W K uses the keys minus the first key (see the header: Σ_s W = 0).
-    auto k_centred = part(kh) - part(kh).narrow(-2, 0, 1);
-    ValueBlockOperands x{gc, part(vh), part(outr), P, (k_centred * scale).to(vtype), T, saved.causal};
+    auto k_centred = (part(kh) - part(kh).narrow(-2, 0, 1)).mul_(scale);
+    ValueBlockOperands x{gc, part(vh), part(outr), P, k_centred.to(vtype), T, saved.causal};
     Tensor X, Q;
     if (device_blocks(g_in) || !kernels::attention_value_blocks(sr, x.g, x.v, x.out, x.P, x.k, T, x.causal,
                                                                  ctx.needs(1), ctx.needs(0), block_elements(), X, Q))

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 
+#include "kernels/elementwise.h"  // abs_in_place_may_hold_nan
 #include "pointwise_nodes.h"  // generated: kPointwiseNodes
 #include "rule.h"
 
@@ -70,8 +71,8 @@ std::vector<Tensor> diagonal_by_scaled_backward(const RuleContext& ctx, const Te
       return {};  // (the general rule decides, and names what is wrong)
     bool shared = w[i].is_alias_of(a);  // (a backward may return its grad, or one tensor twice)
     for (size_t e = 0; e < i; ++e) shared = shared || (out[e].defined() && w[i].is_alias_of(out[e]));
-    Tensor m = shared ? w[i].abs() : w[i].abs_();
-    if (!m.device().is_cpu() || std::isnan(m.sum().item<double>())) m.masked_fill_(a == 0, 0);
+    Tensor m = shared ? w[i].clone() : w[i];
+    if (kernels::abs_in_place_may_hold_nan(m)) m.masked_fill_(a == 0, 0);
     out[i] = m.unsqueeze(0);
   }
   return out;

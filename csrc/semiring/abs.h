@@ -11,6 +11,7 @@ class AbsSemiring final : public NonNegativeSumProduct {
  public:
   std::string name() const override { return "abs"; }
   bool edge_scales_magnitude() const override { return true; }
+  Tensor matmul_nonnegative(const Tensor& g, const Tensor& w) const override { return at::matmul(g, w); }
   // Σ_{i≠j} a_i |1 + x_i x_j|: sorted prefix sums (kernels/norm_rows).
   Tensor norm_offdiagonal(const Tensor& a, const Tensor& x) const override {
     auto fast = kernels::sum_rows(a.select(0, 0), x, /*nonzero=*/false);

@@ -40,6 +40,9 @@ class ProductSemiring final : public Semiring {
   Tensor matmul(const Tensor& g, const Tensor& w) const override {
     return map1(g, [&](const Semiring& s, const Tensor& x) { return s.matmul(x, w); });
   }
+  Tensor matmul_nonnegative(const Tensor& g, const Tensor& w) const override {
+    return map1(g, [&](const Semiring& s, const Tensor& x) { return s.matmul_nonnegative(x, w); });
+  }
   Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const override {
     return map1(src, [&](const Semiring& s, const Tensor& x) { return s.scatter_oplus(x, index, numel); });
   }

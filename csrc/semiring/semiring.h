@@ -120,6 +120,9 @@ class Semiring {
   // g: (C, *batch, M, K) value, w: (*batch, K, N) plain tensor →
   // (C, *batch, M, N) with out[m,n] = ⊕_k g[m,k] ⊗ lift(w[k,n]).
   virtual Tensor matmul(const Tensor& g, const Tensor& w) const;
+  // The same for a w known to be ≥ 0 (attention's probabilities): a semiring
+  // whose lift is w itself there (abs: |w| = w) skips the lift's pass.
+  virtual Tensor matmul_nonnegative(const Tensor& g, const Tensor& w) const { return matmul(g, w); }
   // src: (C, n) values, index: (n,) int64 into [0, numel) →
   // (C, numel) with out[i] = ⊕_{j: index[j]=i} src[j] (zero where none).
   virtual Tensor scatter_oplus(const Tensor& src, const Tensor& index, int64_t numel) const;
