@@ -966,9 +966,9 @@ __attribute__((target("avx2,fma"))) void j_product_avx2(const T* A, int64_t M, i
 // v (B, Hkv, S, D) as (B, Hkv, D, S), contiguous: the Y pass reads Δ along
 // the keys. v arrives as a view of the projection's heads (Hkv·D apart from key
 // to key), which ATen's copy gathers element by element (~75 µs for
-// MiniLM-128's 12 × 128 × 32); float with d contiguous goes here by 8 × 8
-// tiles, eight row loads, 24 shuffles and eight row stores each (~8 µs).
-// Cost: one read and one write of v.
+// MiniLM-128's 12 × 128 × 32, 0.4 % of its abs backward); float with d
+// contiguous goes here by 8 × 8 tiles, eight row loads, 24 shuffles and eight
+// row stores each. Cost: one read and one write of v, in whole vectors.
 #if defined(__x86_64__)
 __attribute__((target("avx2"))) void transpose_keys_avx2(const float* v, int64_t key_stride, int64_t S, int64_t D,
                                                          float* out) {
