@@ -437,6 +437,44 @@ def test_float32_entropy_with_subnormal_differences(isa, monkeypatch):
         torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, msg=name)
 
 
+
+@pytest.mark.parametrize("isa", ["avx2", "portable"])
+def test_float32_entropy_term_logarithm_is_accurate(isa, monkeypatch):
+    # The float32 loops take entropy's per-term log|w| from a table and a short
+    # polynomial (vmath::log_by_table; the portable loops: log_of). One term a
+    # row (K = 1, ℓ = h = 0) makes the row product's h exactly −log|w| up to
+    # the roundings of R = |w|·(−log|w|) and R/Z: over the binades of the
+    # normal floats up to 1e36 (beyond, R overflows), densely around 1 (where the log keeps its relative
+    # accuracy) and at the table's subinterval edges, both signs, it must be
+    # within 4 float ulps of float64's log (1.25 measured) — a coefficient of P off by 1e-5 fails.
+    if isa == "avx2" and _C.kernel_isa() == "portable":
+        pytest.skip("this CPU has no avx2")
+    monkeypatch.setenv("TORCH_SEMIRING_KERNEL_ISA", isa)
+    tiny = torch.finfo(torch.float32).tiny
+    edges = torch.tensor([0.6875 + i / 32 for i in range(10)] + [1 + i / 16 for i in range(7)], dtype=D)
+    gen = torch.Generator().manual_seed(31)
+    mags = torch.cat([
+        torch.logspace(math.log10(tiny), 36, 4001, dtype=D),
+        1 + torch.linspace(-0.07, 0.14, 4001, dtype=D),
+        1 + torch.randn(2000, generator=gen, dtype=D) * 1e-4,
+        torch.cat([edges * 2.0 ** e for e in (-100, -3, -1, 0, 1, 7, 100)]),
+        torch.rand(4000, generator=gen, dtype=D) * 8,
+    ])
+    w32 = mags.float()
+    w32 = w32[(w32.abs() >= tiny) & torch.isfinite(w32) & (w32 != 1)]  # (log 1 = 0 is checked below)
+    w32 = torch.cat([w32, -w32[::3], torch.ones(16)])
+    N = 16 * (w32.numel() // 16)  # whole vectors: every lane in the table's loop
+    w = w32[:N].reshape(1, 1, N)
+    g = torch.zeros(2, 1, 1)  # (ℓ, h) = (0, 0): one path of weight 1 and entropy 0
+    got = _C.kernel_attention_row_products(_C.make_semiring("entropy", 1), g, w)
+    assert got is not None
+    h = got[1, 0].double()
+    want = -w[0, 0].double().abs().log()
+    err = (h - want).abs()
+    bound = 4 * torch.finfo(torch.float32).eps * want.abs()
+    worst = int((err - bound).argmax())
+    assert (err <= bound).all(), f"|w| = {w[0, 0, worst].item()!r}: h {h[worst].item()!r}, −log|w| {want[worst].item()!r}"
+
 # ---- CUDA's fused attention nodes, standing in on the CPU ----------------------------
 # Their rules are adapters over the saved fields into the same rule; the
 # stand-in nodes (_C.attention_node_standin) hold what CUDA's forward saves,

@@ -281,7 +281,7 @@ struct SignedPair {
 };
 // log m for m ≥ 0 finite, as entropy's terms m·(s1 − s0·log m) need it (0
 // gives a finite value: the term is 0·finite = 0). Float vectors of 8 or 16
-// lanes by vmath::log_by_table (16 operations instead of log_of's ~28: entropy
+// lanes by vmath::log_by_table (~15 operations instead of log_of's ~28: entropy
 // takes one per term) of max(m, FLT_MIN): a subnormal m's log is taken at the
 // smallest normal. Its term then errs by s0·m·log(FLT_MIN/m) ≤ FLT_MIN/e
 // (s0 = a ≤ 1; m·log(c/m) peaks at m = c/e), so h = R/Z errs by at most

@@ -11,8 +11,8 @@
 //   vector_log_normal  positive normal finite lanes only (no special cases;
 //                0 gives a finite value) — the hot inner loop of norm_rows.
 //   log_by_table float lanes (8 or 16), positive normal finite only, by a
-//                16-entry (in 8 lanes an 8-entry) table: ~16 operations
-//                instead of 26 (below).
+//                16-entry (in 8 lanes an 8-entry) table: ~15 operations
+//                instead of 26 (below), 4e-9 relative before rounding.
 // Accuracy is checked against torch.exp/torch.log over the whole range,
 // special values included (tests/test_elementwise.py).
 //
@@ -165,12 +165,20 @@ TS_VMATH_FN V vector_exp(V x) {
 // and log a = k·ln2 + log c + log1p(r), r = z/c − 1, with 1/c and −log(1/c)
 // from the table (1/c rounded to float first, so that r = z·(1/c) − 1 is the
 // argument of log1p exactly, up to one rounding). The two subintervals around
-// 1 take c = 1: near a = 1 the result is the series in r = z − 1 itself, so
-// it keeps its relative accuracy there. |r| < 1/16, log1p by its Taylor
-// series to r⁶ (truncation < r⁶/7 relative: 1e-8). One permute per table
-// where a vector holds 16 or 8 floats (AVX-512, AVX2): 16 vector operations
-// instead of the 26 of vmath::vector_log_normal's degree-11 polynomial — the
-// pass is bound by vector throughput (−30 % per pair on AVX-512). Entries:
+// 1 take c = 1: near a = 1 the result is r + r²·P(r) itself, so it keeps its
+// relative accuracy there. r ∈ [−1/32, 1/16] (16 entries) or [−1/16, 1/8]
+// (8), where log1p(r) ≈ r + r²·P(r), P of degree 3 or 4 fitted for the least
+// largest relative error (Lawson-weighted least squares on 4 000 Chebyshev
+// nodes, coefficients then rounded to float): 3.7e-9 / 3.6e-9 relative with
+// the float coefficients (a Taylor series needs two more terms for that).
+// k·ln2 is one multiply-add with ln2 rounded to float: its error, 1.9e-9·|k|,
+// is below 6e-9 of |log a| (≥ 0.318 where k ≠ 0), so the two-part ln2 of
+// vector_log_normal buys nothing here. The pass is bound by its
+// multiply-adds (two pipes of Zen 3's four): one permute per table where a
+// vector holds 16 or 8 floats (AVX-512, AVX2), and 8 (AVX2) or 7 (AVX-512)
+// multiplies or multiply-adds, against 11 / 9 with the Taylor series and a
+// two-part ln2, and 26 operations in vmath::vector_log_normal's degree-11
+// polynomial. Entries:
 // c = the centre of [0.6875 + i/32, …) below 1, of [1 + (i − 10)/16, …)
 // above; inv = float(1/c), logc = float(−log(double(inv))).
 alignas(64) constexpr float kLogInvC[16] = {
@@ -185,9 +193,8 @@ alignas(64) constexpr float kLogC[16] = {
     0.14518198370933533f, 0.19782572984695435f, 0.24783620238304138f, 0.2954642176628113f};
 // With 8 lanes (AVX2) a permute reaches 8 entries only (16 took two and a
 // blend per table): 8 subintervals, 1/16 wide below 1 and 1/8 above, the two
-// around 1 again with c = 1; |r| < 1/8, so the series goes on to r⁸
-// (truncation < r⁸/9 relative: 7e-9) — two more multiply-adds, four permutes
-// and blends fewer.
+// around 1 again with c = 1; r ∈ [−1/16, 1/8), so P takes one degree more
+// — one multiply-add more, four permutes and blends fewer.
 alignas(32) constexpr float kLogInvC8[8] = {1.39130437374115f, 1.2799999713897705f, 1.185185194015503f,
                                             1.1034482717514038f, 1.0f, 1.0f, 0.8421052694320679f,
                                             0.761904776096344f};
@@ -215,11 +222,14 @@ TS_VMATH_FN V log_by_table(V a) {
   const IV idx = shifted >> (L == 16 ? 19 : 20);
   const V r = z * lookup<V>(inv_c, idx) - 1.0f;
   const V r2 = r * r;
-  const V c23 = -0.5f + r * (1.0f / 3), c45 = -0.25f + r * 0.2f;
-  const V tail = L == 16 ? V{} - 1.0f / 6 : (-1.0f / 6 + r * (1.0f / 7)) + r2 * -0.125f;  // from r⁶ on
-  const V series = r + r2 * (c23 + r2 * (c45 + r2 * tail));
+  V P;  // by pairs (Estrin): a shorter chain than Horner's
+  if constexpr (L == 16) {
+    P = (-0.5f + r * 0.333344519f) + r2 * (-0.250061065f + r * 0.188460365f);
+  } else {
+    P = (-0.499999851f + r * 0.333334863f) + r2 * ((-0.250122666f + r * 0.200017199f) + r2 * -0.144312084f);
+  }
   const V kf = __builtin_convertvector(k, V);
-  return kf * 0.693145751953125f + (lookup<V>(log_c, idx) + (series + kf * 1.4286068203094173e-06f));
+  return kf * 0.693147182f + (lookup<V>(log_c, idx) + (r + r2 * P));
 }
 
 #undef TS_VMATH_FN
