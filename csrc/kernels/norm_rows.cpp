@@ -369,12 +369,16 @@ struct SignedMaxTerms {
     fold_into(wj[0], wj[1], acc);
   }
 };
-// φ(y) = |y| log|y| of a = |y|. y = 0 (no edge): both logs read the zero
-// exponent as 2^-bias (a finite value), so φ = 0·finite = 0 with no mask.
+// log a and φ(y) = |y| log|y| of a = |y|. y = 0 (no edge): both logs read the
+// zero exponent as 2^-bias (a finite value), so φ = 0·finite = 0 with no mask.
+template <class T, class V>
+inline __attribute__((always_inline)) V log_lanes(V a) {
+  if constexpr (sizeof(T) == 4 && sizeof(V) / sizeof(T) >= 8) return log_by_table(a);
+  else return vector_log_normal<T, V>(a);
+}
 template <class T, class V>
 inline __attribute__((always_inline)) V phi_lanes(V a) {
-  if constexpr (sizeof(T) == 4 && sizeof(V) / sizeof(T) >= 8) return a * log_by_table(a);
-  else return a * vector_log_normal<T, V>(a);
+  return a * log_lanes<T, V>(a);
 }
 struct PhiTerm : WeightedTerms<PhiTerm, Fold::kSum> {  // entropy's Σ w φ(y) on long rows, beside the sorted sums
   static constexpr int S = 1;
@@ -383,12 +387,23 @@ struct PhiTerm : WeightedTerms<PhiTerm, Fold::kSum> {  // entropy's Σ w φ(y) o
     term[0] = phi_lanes<T>(abs_lanes<T>(y));
   }
 };
-struct EntropyTerms : WeightedTerms<EntropyTerms, Fold::kSum> {  // three sums: |y| (Z), |y| (weights w·h), φ(y)
+// Entropy's three sums Z = Σ A|y|, Q = Σ Ah|y|, F = Σ A φ(y): F's weights are
+// Z's (the third weight row is read as the first; callers pass A twice), so
+// F's term is Z's times log|y| — (A|y|)·log|y| for A·(|y| log|y|): 15
+// multiply-adds a pair-vector instead of 16, the pass's limit (Zen 3 has two
+// pipes for them), two of its sums plain adds.
+struct EntropyTerms {
   static constexpr int S = 3;
+  static constexpr Fold kFolds[3] = {Fold::kSum, Fold::kSum, Fold::kSum};
+  static constexpr double kIdentity[3] = {0.0, 0.0, 0.0};
+  static constexpr double kPadWeight = 0.0;  // a pad term is 0·term(1) = 0
   template <class T, class V>
-  static inline __attribute__((always_inline)) void eval(V y, V* term) {
-    const V a = abs_lanes<T>(y);
-    term[0] = a, term[1] = a, term[2] = phi_lanes<T>(a);
+  static inline __attribute__((always_inline)) void pair(V y, const T* wi, const V* wj, V* at_j, V* acc) {
+    const V a = abs_lanes<T>(y), l = log_lanes<T, V>(a);
+    const V zi = wi[0] * a, zj = wj[0] * a;
+    at_j[0] += zi, acc[0] += zj;
+    at_j[1] += wi[1] * a, acc[1] += wj[1] * a;
+    at_j[2] += zi * l, acc[2] += zj * l;
   }
 };
 // The fold of a vector's lanes by halves.
@@ -1300,7 +1315,7 @@ inline __attribute__((always_inline)) void powers_of(double x, V* p) {
     p[0] = V{1, x};
   }
   const double step = W == 8 ? x4 * x4 : W == 4 ? x4 : x2;
-  for (int m = 1; m < NV; ++m) p[m] = p[m - 1] * step;
+  _Pragma("GCC unroll 16") for (int m = 1; m < NV; ++m) p[m] = p[m - 1] * step;
   for (int l = K + 1; l < W * NV; ++l) p[l / W][l % W] = 0;  // (constant lanes: folded at compile time)
 }
 // Lane l of the result: the sum of L[l]'s W lanes (W vectors folded by log2 W
@@ -1325,6 +1340,12 @@ inline __attribute__((always_inline)) V sum_lanes_of(const V* L) {
   } else {
     return fold(L[0], L[1], I{0, 2}, I{1, 3});
   }
+}
+// t[B] + … + t[E − 1] by halves: a chain of log2(E − B) adds, not E − B.
+template <class V, int B, int E>
+inline __attribute__((always_inline)) V pairwise_sum(const V* t) {
+  if constexpr (E - B == 1) return t[B];
+  else return pairwise_sum<V, B, (B + E) / 2>(t) + pairwise_sum<V, (B + E) / 2, E>(t);
 }
 // x, w, v, reach in sorted order; out Z = Σ w|y|, Q = Σ v|y|, F = Σ w φ(y) over
 // each j's near i (i < reach[j], i ≠ j). |x| ≤ kNearMaxAbs: the moments of
@@ -1362,9 +1383,12 @@ struct NearSums {
     power_storage.resize(W * NV * n + 8);
     V* powers = reinterpret_cast<V*>((reinterpret_cast<uintptr_t>(power_storage.data()) + 63) & ~uintptr_t(63));
     for (int64_t i = 0; i < n; ++i) powers_of<V, K, NV>(x[i], powers + i * NV);
+    // (The loops over the NV vectors unrolled by pragma: inlined into pass_avx2 & co., compiled at
+    // -O2, they had stayed rolled — the moments then went through memory, each add a store-to-load
+    // chain, and each eval summed its NV terms in one chain of dependent adds.)
     auto add = [&](int64_t i, Moments& m) __attribute__((always_inline)) {
       const V* p = powers + i * NV;
-      for (int q = 0; q < NV; ++q) m.W[q] += w[i] * p[q];
+      _Pragma("GCC unroll 16") for (int q = 0; q < NV; ++q) m.W[q] += w[i] * p[q];
       m.V0 += v[i], m.V1 += v[i] * x[i];
     };
     // The three sums over the i that m holds, for j (linear in m: the prefix's
@@ -1376,9 +1400,9 @@ struct NearSums {
     V* F_lanes = reinterpret_cast<V*>((reinterpret_cast<uintptr_t>(lane_storage.data()) + 63) & ~uintptr_t(63));
     auto eval = [&](int64_t j, const Moments& m, double& z, double& q, V& f) __attribute__((always_inline)) {
       const V* p = powers + j * NV;
-      V lanes = {};
-      for (int u = 0; u < NV; ++u) lanes += c[u] * p[u] * m.W[u];
-      f = lanes;
+      V terms[NV];
+      _Pragma("GCC unroll 16") for (int u = 0; u < NV; ++u) terms[u] = c[u] * p[u] * m.W[u];
+      f = pairwise_sum<V, 0, NV>(terms);
       z = m.W[0][0] + x[j] * m.W[0][1];
       q = m.V0 + x[j] * m.V1;
     };
