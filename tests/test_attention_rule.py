@@ -25,6 +25,7 @@ import torch_semiring as ts
 from torch_semiring import _C
 from reference import SEMIRING_NAMES, reference_values
 from helpers import all_paths, assert_values_equal, flat_index, score
+from kernel_helpers import ISAS
 from python_semirings import PyMaxPlus
 
 D = torch.float64
@@ -220,18 +221,41 @@ def test_every_instruction_set_matches_reference(semiring, isa, monkeypatch):
     check(semiring, *attention_case(1, 1, 2, 3, 11, 9, mask="causal", seed=29))
 
 
-# Head dims of whole vectors (4 doubles, 8 floats) take J's register tile on
-# AVX2 (kernels/attention_blocks.cpp): 6 rows × 2 vectors, with tails of rows
-# (block rows·D not a multiple of 6) and of one-vector column panels (E = 4, 12);
-# blocks of few rows so that causal blocks stop at different keys. "portable"
-# takes at::mm.
+# Head dims of whole vectors take J's register tile (kernels/attention_blocks.cpp):
+# on AVX2 6 rows × 2 vectors of 4 doubles, on AVX-512 12 rows × 2 vectors of 8
+# (E a whole number of AVX-512 vectors; E = 4, 12 take the AVX2 tile there),
+# with tails of rows (block rows·D not a multiple of 6 or 12) and of
+# one-vector column panels (E = 4, 8, 12, 24); blocks of few rows so that
+# causal blocks stop at different keys. "portable" takes at::mm.
 @pytest.mark.parametrize("semiring", SEMIRING_NAMES)
-@pytest.mark.parametrize("E", [4, 8, 12])
-@pytest.mark.parametrize("isa", ["avx2", "portable"])
+@pytest.mark.parametrize("E", [4, 8, 12, 16, 24])
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "portable"])
 def test_whole_vector_head_dims_match_reference(semiring, E, isa, monkeypatch):
+    if ISAS.index(isa) < ISAS.index(_C.kernel_isa()):
+        pytest.skip(f"this CPU runs {_C.kernel_isa()} at most")
     monkeypatch.setenv("TORCH_SEMIRING_KERNEL_ISA", isa)
     monkeypatch.setenv("TORCH_SEMIRING_ATTENTION_BLOCK", "300")
     check(semiring, *attention_case(1, 1, 2, 5, 7, E, mask="causal", seed=41))
+
+
+# The float tiles (8 or 16 lanes: head dims 8, 16, 32, 48) against float64's
+# values of the same inputs, on each instruction set this CPU has (entropy:
+# NaN where no path reaches an input, in both).
+@pytest.mark.parametrize("semiring", ["real", "abs", "log", "entropy", "viterbi"])
+@pytest.mark.parametrize("E", [8, 16, 32, 48])
+@pytest.mark.parametrize("isa", ["avx512", "avx2", "portable"])
+def test_float32_tiles_match_float64(semiring, E, isa, monkeypatch):
+    if ISAS.index(isa) < ISAS.index(_C.kernel_isa()):
+        pytest.skip(f"this CPU runs {_C.kernel_isa()} at most")
+    monkeypatch.setenv("TORCH_SEMIRING_KERNEL_ISA", isa)
+    monkeypatch.setenv("TORCH_SEMIRING_ATTENTION_BLOCK", "700")
+    results = []
+    for dtype in (torch.float32, D):
+        outputs, inputs = attention_case(1, 1, 2, 9, 13, E, mask="causal", seed=47, dtype=dtype)
+        results.append(ts.grad(outputs, inputs, semiring=semiring))
+    for name, a, b in zip("qkv", *results):
+        assert a.dtype == torch.float32, name
+        torch.testing.assert_close(a.double(), b, rtol=1e-4, atol=1e-4, equal_nan=True, msg=f"{semiring}/{name}")
 
 
 # Scores hundreds of nats apart: some softmax weights P are subnormal doubles and

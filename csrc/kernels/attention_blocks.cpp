@@ -893,74 +893,112 @@ struct RowProductsJob {
   }
 };
 
-// ---- J = W K by a register tile (AVX2) -------------------------------------------
+// ---- J = W K by a register tile ---------------------------------------------------
 // A block's J (M = rows·D rows × E) = W (M × keys) · K (keys × E), both
 // row-major where the pass wrote them. at::mm (MKL's SGEMM) packs W for every
 // block before a product only E = 32 wide: 55 µs a block of 512 × 128 · 128 × 32
-// at 128 tokens, 576 blocks a MiniLM backward. This tile keeps 6 rows × 2
-// vectors of J in 12 accumulators, broadcasts W's entries from its rows and
-// loads K's rows as they lie (one FMA a multiply-add, no packing): 43 µs,
-// ~49 G multiply-adds/s, this core's FMA peak. Each J[m, e] is summed over the
-// keys in order. Taken where the kernels run AVX2 and E is a whole number of
-// vectors (head dims 32, 64, 128 …); elsewhere — AVX-512 hosts, where MKL's
-// wider kernels are not matched by this one, other E, other ISAs — at::mm.
-// Cost: M·keys·E multiply-adds, as the GEMM's.
+// at 128 tokens, 576 blocks a MiniLM backward (Zen 3). This tile keeps MR rows ×
+// NV vectors of J in accumulators, broadcasts W's entries from its rows and
+// loads K's rows as they lie (one FMA a multiply-add, no packing): AVX2, 6 × 2
+// vectors of 8 floats, 43 µs, ~49 G multiply-adds/s, Zen 3's FMA peak; AVX-512,
+// 12 × 2 vectors of 16 (24 of the 32 registers). Each J[m, e] is summed over
+// the keys in order. Taken where the kernels run AVX2 or AVX-512 and E is a
+// whole number of vectors (head dims 32, 64, 128 …); elsewhere — other E,
+// other ISAs — at::mm. Cost: M·keys·E multiply-adds, as the GEMM's.
 #if defined(__x86_64__)
-#define TS_J_TILE __attribute__((target("avx2,fma"), always_inline)) inline
-TS_J_TILE __m256 j_broadcast(const float* p) { return _mm256_broadcast_ss(p); }
-TS_J_TILE __m256d j_broadcast(const double* p) { return _mm256_broadcast_sd(p); }
-TS_J_TILE __m256 j_load(const float* p) { return _mm256_loadu_ps(p); }
-TS_J_TILE __m256d j_load(const double* p) { return _mm256_loadu_pd(p); }
-TS_J_TILE void j_store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-TS_J_TILE void j_store(double* p, __m256d v) { _mm256_storeu_pd(p, v); }
-TS_J_TILE __m256 j_fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
-TS_J_TILE __m256d j_fma(__m256d a, __m256d b, __m256d c) { return _mm256_fmadd_pd(a, b, c); }
+// The tile's vector operations per vector type (each compiled for its ISA;
+// flatten in the entry points below inlines them into the loop).
+template <class V>
+struct JLanes;
+#define TS_J_AVX2 __attribute__((target("avx2,fma"))) static inline
+#define TS_J_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"))) static inline
+template <>
+struct JLanes<__m256> {
+  TS_J_AVX2 __m256 zero() { return _mm256_setzero_ps(); }
+  TS_J_AVX2 __m256 broadcast(const float* p) { return _mm256_broadcast_ss(p); }
+  TS_J_AVX2 __m256 load(const float* p) { return _mm256_loadu_ps(p); }
+  TS_J_AVX2 void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+  TS_J_AVX2 __m256 fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
+};
+template <>
+struct JLanes<__m256d> {
+  TS_J_AVX2 __m256d zero() { return _mm256_setzero_pd(); }
+  TS_J_AVX2 __m256d broadcast(const double* p) { return _mm256_broadcast_sd(p); }
+  TS_J_AVX2 __m256d load(const double* p) { return _mm256_loadu_pd(p); }
+  TS_J_AVX2 void store(double* p, __m256d v) { _mm256_storeu_pd(p, v); }
+  TS_J_AVX2 __m256d fma(__m256d a, __m256d b, __m256d c) { return _mm256_fmadd_pd(a, b, c); }
+};
+template <>
+struct JLanes<__m512> {
+  TS_J_AVX512 __m512 zero() { return _mm512_setzero_ps(); }
+  TS_J_AVX512 __m512 broadcast(const float* p) { return _mm512_set1_ps(*p); }
+  TS_J_AVX512 __m512 load(const float* p) { return _mm512_loadu_ps(p); }
+  TS_J_AVX512 void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+  TS_J_AVX512 __m512 fma(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+};
+template <>
+struct JLanes<__m512d> {
+  TS_J_AVX512 __m512d zero() { return _mm512_setzero_pd(); }
+  TS_J_AVX512 __m512d broadcast(const double* p) { return _mm512_set1_pd(*p); }
+  TS_J_AVX512 __m512d load(const double* p) { return _mm512_loadu_pd(p); }
+  TS_J_AVX512 void store(double* p, __m512d v) { _mm512_storeu_pd(p, v); }
+  TS_J_AVX512 __m512d fma(__m512d a, __m512d b, __m512d c) { return _mm512_fmadd_pd(a, b, c); }
+};
+#undef TS_J_AVX2
+#undef TS_J_AVX512
 
 // C[MR × NV vectors] = A[MR × K] · B[K × NV vectors]; A's rows K apart, B's and C's N apart.
-template <class T, int MR, int NV>
-TS_J_TILE void j_tile(const T* A, int64_t K, const T* B, int64_t N, T* C) {
-  using V = decltype(j_load(A));
-  constexpr int L = 32 / sizeof(T);
+template <class T, class V, int MR, int NV>
+inline void j_tile(const T* A, int64_t K, const T* B, int64_t N, T* C) {
+  using Op = JLanes<V>;
+  constexpr int L = sizeof(V) / sizeof(T);
   V acc[MR][NV];
-  TS_UNROLL(8) for (int r = 0; r < MR; ++r) TS_UNROLL(2) for (int c = 0; c < NV; ++c) acc[r][c] = V{};
+  TS_UNROLL(12) for (int r = 0; r < MR; ++r) TS_UNROLL(2) for (int c = 0; c < NV; ++c) acc[r][c] = Op::zero();
   TS_UNROLL(4) for (int64_t k = 0; k < K; ++k) {  // unrolled: the loop's own ops off the FMA stream
     V b[NV];
-    TS_UNROLL(2) for (int c = 0; c < NV; ++c) b[c] = j_load(B + k * N + c * L);
-    TS_UNROLL(8) for (int r = 0; r < MR; ++r) {
-      const V a = j_broadcast(A + r * K + k);
-      TS_UNROLL(2) for (int c = 0; c < NV; ++c) acc[r][c] = j_fma(a, b[c], acc[r][c]);
+    TS_UNROLL(2) for (int c = 0; c < NV; ++c) b[c] = Op::load(B + k * N + c * L);
+    TS_UNROLL(12) for (int r = 0; r < MR; ++r) {
+      const V a = Op::broadcast(A + r * K + k);
+      TS_UNROLL(2) for (int c = 0; c < NV; ++c) acc[r][c] = Op::fma(a, b[c], acc[r][c]);
     }
   }
-  TS_UNROLL(8) for (int r = 0; r < MR; ++r) TS_UNROLL(2) for (int c = 0; c < NV; ++c) j_store(C + r * N + c * L, acc[r][c]);
+  TS_UNROLL(12) for (int r = 0; r < MR; ++r) TS_UNROLL(2) for (int c = 0; c < NV; ++c) Op::store(C + r * N + c * L, acc[r][c]);
 }
 
-template <class T, int NV>
-TS_J_TILE void j_tile_rows(int64_t rows, const T* A, int64_t K, const T* B, int64_t N, T* C) {
-  switch (rows) {
-    case 6: return j_tile<T, 6, NV>(A, K, B, N, C);
-    case 5: return j_tile<T, 5, NV>(A, K, B, N, C);
-    case 4: return j_tile<T, 4, NV>(A, K, B, N, C);
-    case 3: return j_tile<T, 3, NV>(A, K, B, N, C);
-    case 2: return j_tile<T, 2, NV>(A, K, B, N, C);
-    default: return j_tile<T, 1, NV>(A, K, B, N, C);
+// The strip's last rows (fewer than MR) by the tile of their number.
+template <class T, class V, int MR, int NV>
+inline void j_tile_rows(int64_t rows, const T* A, int64_t K, const T* B, int64_t N, T* C) {
+  if constexpr (MR == 1) {
+    j_tile<T, V, 1, NV>(A, K, B, N, C);
+  } else {
+    if (rows == MR) return j_tile<T, V, MR, NV>(A, K, B, N, C);
+    return j_tile_rows<T, V, MR - 1, NV>(rows, A, K, B, N, C);
   }
 }
 
 // C (M × N) = A (M × K) · B (K × N), all contiguous, N a multiple of the vector.
-// By strips of 6 rows (W's strip stays in L1 for every panel of K's columns).
-template <class T>
-__attribute__((target("avx2,fma"))) void j_product_avx2(const T* A, int64_t M, int64_t K, const T* B, int64_t N,
-                                                        T* C) {
-  constexpr int L = 32 / sizeof(T), MR = 6;
+// By strips of MR rows (W's strip stays in L1 for every panel of K's columns).
+template <class T, class V, int MR>
+inline void j_product(const T* A, int64_t M, int64_t K, const T* B, int64_t N, T* C) {
+  constexpr int L = sizeof(V) / sizeof(T);
   for (int64_t m = 0; m < M; m += MR) {
     const int64_t rows = std::min<int64_t>(MR, M - m);
     for (int64_t n = 0; n < N; n += 2 * L) {
-      if (N - n >= 2 * L) j_tile_rows<T, 2>(rows, A + m * K, K, B + n, N, C + m * N + n);
-      else j_tile_rows<T, 1>(rows, A + m * K, K, B + n, N, C + m * N + n);
+      if (N - n >= 2 * L) j_tile_rows<T, V, MR, 2>(rows, A + m * K, K, B + n, N, C + m * N + n);
+      else j_tile_rows<T, V, MR, 1>(rows, A + m * K, K, B + n, N, C + m * N + n);
     }
   }
 }
-#undef TS_J_TILE
+template <class T>
+__attribute__((target("avx2,fma"), flatten)) void j_product_avx2(const T* A, int64_t M, int64_t K, const T* B,
+                                                                 int64_t N, T* C) {
+  j_product<T, typename std::conditional<sizeof(T) == 4, __m256, __m256d>::type, 6>(A, M, K, B, N, C);
+}
+template <class T>
+__attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"), flatten)) void j_product_avx512(
+    const T* A, int64_t M, int64_t K, const T* B, int64_t N, T* C) {
+  j_product<T, typename std::conditional<sizeof(T) == 4, __m512, __m512d>::type, 12>(A, M, K, B, N, C);
+}
 #endif
 
 // v (B, Hkv, S, D) as (B, Hkv, D, S), contiguous: the Y pass reads Δ along
@@ -1012,13 +1050,16 @@ Tensor keys_along_rows(const Tensor& v) {
   return v.transpose(-1, -2).contiguous();
 }
 
-// Whether J's blocks take j_product_avx2 (decided once per node).
+// The register tile J's blocks take (decided once per node): 0 none (at::mm), else its vector bytes.
 template <class T>
-bool j_tile_applies(int64_t E) {
+int j_tile_for(int64_t E) {
 #if defined(__x86_64__)
-  return kernel_isa() == "avx2" && E % (32 / int64_t(sizeof(T))) == 0;
+  const std::string isa = kernel_isa();
+  if (isa == "avx512" && E % (64 / int64_t(sizeof(T))) == 0) return 64;
+  if ((isa == "avx512" || isa == "avx2") && E % (32 / int64_t(sizeof(T))) == 0) return 32;
+  return 0;
 #else
-  return false;
+  return 0;
 #endif
 }
 
@@ -1058,7 +1099,7 @@ struct ValueBlocksJob {
     // them again (narrow, view, select) cost a few µs each.
     Tensor Wb, Jb, kb;
     int64_t view_rows = -1, view_keys = -1, view_bh = -1;
-    const bool j_tile = j_tile_applies<T>(E);
+    const int j_tile = j_tile_for<T>(E);
     for (int64_t bh = 0; bh < BH; ++bh)
       for (int64_t member = 0; member < group; ++member)
         for (int64_t t0 = 0; t0 < T_; t0 += block_rows) {
@@ -1100,7 +1141,9 @@ struct ValueBlocksJob {
           // J = W K for the block's rows: (rows·D × keys) @ (keys × E).
           if (j_tile) {
 #if defined(__x86_64__)
-            j_product_avx2<T>(Wp, rows_here * D, keys, k.data_ptr<T>() + bh * S * E, E, J.data_ptr<T>());
+            const T* Kp = k.data_ptr<T>() + bh * S * E;
+            if (j_tile == 64) j_product_avx512<T>(Wp, rows_here * D, keys, Kp, E, J.data_ptr<T>());
+            else j_product_avx2<T>(Wp, rows_here * D, keys, Kp, E, J.data_ptr<T>());
 #endif
           } else {
             if (rows_here != view_rows || keys != view_keys) {
