@@ -279,6 +279,25 @@ def test_scores_far_apart_give_subnormal_weights(semiring, isa, monkeypatch):
     assert_values_equal(actual, expected, semiring, f"{semiring}/v")
 
 
+# On the CPU the rule recomputes P and its per-head blocks for a few heads at
+# a time — 2^17 elements of P a chunk, one head at 512 tokens — so its peak
+# memory does not grow with the heads (entropy on MiniLM-512: ~17 MiB against
+# ~70 MiB with every head at once); the device's route takes every head in one
+# chunk (launches, not memory, bound it there). The scores' product shows the
+# chunk: (heads, 1, T, E) @ (heads, 1, E, S).
+@pytest.mark.parametrize("device_route", [False, True])
+def test_heads_are_taken_in_chunks_of_bounded_memory(device_route, monkeypatch):
+    if device_route:
+        monkeypatch.setenv("TORCH_SEMIRING_ATTENTION_DEVICE_BLOCKS", "1")
+    outputs, inputs = attention_case(1, 3, 1, 512, 512, 4, seed=53)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True) as prof:
+        ts.grad(outputs, inputs, semiring="abs")
+    chunks = [e.input_shapes[0][0] for e in prof.events()
+              if e.name == "aten::matmul" and len(e.input_shapes) == 2 and e.input_shapes[0][1:] == [1, 512, 4]
+              and e.input_shapes[1][1:] == [1, 4, 512]]
+    assert chunks == ([3] if device_route else [1, 1, 1]), chunks
+
+
 def test_kmax_beyond_the_loops_takes_the_semiring_matmul():
     outputs, inputs = attention_case(1, 1, 2, 3, 4, 2, mask="bool", seed=37)
     expected = reference_values(outputs, inputs, "kmax", k=10)

@@ -105,11 +105,12 @@ int64_t block_elements() {
 
 // Elements of P (query rows × keys, summed over heads) per chunk of heads the
 // rule takes at a time: bounds its peak memory. TORCH_SEMIRING_ATTENTION_CHUNK
-// overrides it (tests use one head per chunk).
-int64_t chunk_elements(bool on_cpu) {
+// overrides it (tests use one head per chunk). by_device_blocks: the rule takes
+// the device's route (device_blocks below).
+int64_t chunk_elements(bool by_device_blocks) {
   if (const char* forced = std::getenv("TORCH_SEMIRING_ATTENTION_CHUNK")) return std::max<int64_t>(1, std::atoll(forced));
-  return on_cpu ? int64_t(1) << 17   // 512 KiB of float32 P (one head at 512 tokens, all of them at 64)
-                : int64_t(1) << 24;  // 64 MiB: on a device each chunk costs launches, not cache misses
+  return by_device_blocks ? int64_t(1) << 24   // 64 MiB: on a device each chunk costs launches, not cache misses
+                          : int64_t(1) << 17;  // 512 KiB of float32 P (one head at 512 tokens, all of them at 64)
 }
 
 // On a device the by-parts blocks take every head and query row at once, up
