@@ -907,43 +907,31 @@ struct RowProductsJob {
 // other ISAs — at::mm. Cost: M·keys·E multiply-adds, as the GEMM's.
 #if defined(__x86_64__)
 // The tile's vector operations per vector type (each compiled for its ISA;
-// flatten in the entry points below inlines them into the loop).
+// flatten in the entry points below inlines them into the loop). Intrinsics,
+// not GCC's vector operators: the generic form measured ~4 % slower on
+// MiniLM-128's abs with the same FMAs in the tile's loop.
 template <class V>
 struct JLanes;
 #define TS_J_AVX2 __attribute__((target("avx2,fma"))) static inline
 #define TS_J_AVX512 __attribute__((target("avx512f,avx512dq,avx512vl,avx512bw,fma"))) static inline
-template <>
-struct JLanes<__m256> {
-  TS_J_AVX2 __m256 zero() { return _mm256_setzero_ps(); }
-  TS_J_AVX2 __m256 broadcast(const float* p) { return _mm256_broadcast_ss(p); }
-  TS_J_AVX2 __m256 load(const float* p) { return _mm256_loadu_ps(p); }
-  TS_J_AVX2 void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
-  TS_J_AVX2 __m256 fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
-};
-template <>
-struct JLanes<__m256d> {
-  TS_J_AVX2 __m256d zero() { return _mm256_setzero_pd(); }
-  TS_J_AVX2 __m256d broadcast(const double* p) { return _mm256_broadcast_sd(p); }
-  TS_J_AVX2 __m256d load(const double* p) { return _mm256_loadu_pd(p); }
-  TS_J_AVX2 void store(double* p, __m256d v) { _mm256_storeu_pd(p, v); }
-  TS_J_AVX2 __m256d fma(__m256d a, __m256d b, __m256d c) { return _mm256_fmadd_pd(a, b, c); }
-};
-template <>
-struct JLanes<__m512> {
-  TS_J_AVX512 __m512 zero() { return _mm512_setzero_ps(); }
-  TS_J_AVX512 __m512 broadcast(const float* p) { return _mm512_set1_ps(*p); }
-  TS_J_AVX512 __m512 load(const float* p) { return _mm512_loadu_ps(p); }
-  TS_J_AVX512 void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-  TS_J_AVX512 __m512 fma(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
-};
-template <>
-struct JLanes<__m512d> {
-  TS_J_AVX512 __m512d zero() { return _mm512_setzero_pd(); }
-  TS_J_AVX512 __m512d broadcast(const double* p) { return _mm512_set1_pd(*p); }
-  TS_J_AVX512 __m512d load(const double* p) { return _mm512_loadu_pd(p); }
-  TS_J_AVX512 void store(double* p, __m512d v) { _mm512_storeu_pd(p, v); }
-  TS_J_AVX512 __m512d fma(__m512d a, __m512d b, __m512d c) { return _mm512_fmadd_pd(a, b, c); }
-};
+#define TS_J_LANES(V, T, FN, setzero, set1, loadu, storeu, fmadd)           \
+  template <>                                                              \
+  struct JLanes<V> {                                                       \
+    FN V zero() { return setzero(); }                                      \
+    FN V broadcast(const T* p) { return set1(*p); }                        \
+    FN V load(const T* p) { return loadu(p); }                             \
+    FN void store(T* p, V v) { storeu(p, v); }                             \
+    FN V fma(V a, V b, V c) { return fmadd(a, b, c); }                     \
+  };
+TS_J_LANES(__m256, float, TS_J_AVX2, _mm256_setzero_ps, _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+           _mm256_fmadd_ps)
+TS_J_LANES(__m256d, double, TS_J_AVX2, _mm256_setzero_pd, _mm256_set1_pd, _mm256_loadu_pd, _mm256_storeu_pd,
+           _mm256_fmadd_pd)
+TS_J_LANES(__m512, float, TS_J_AVX512, _mm512_setzero_ps, _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+           _mm512_fmadd_ps)
+TS_J_LANES(__m512d, double, TS_J_AVX512, _mm512_setzero_pd, _mm512_set1_pd, _mm512_loadu_pd, _mm512_storeu_pd,
+           _mm512_fmadd_pd)
+#undef TS_J_LANES
 #undef TS_J_AVX2
 #undef TS_J_AVX512
 
